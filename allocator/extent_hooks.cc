@@ -1,0 +1,124 @@
+#include "allocator/extent_hooks.h"
+
+#include <jemalloc/jemalloc.h>
+
+#include <cstdio>
+
+#include "allocator/heap.h"
+#include "allocator/jemalloc_api.h"
+
+namespace rdmalloc {
+namespace {
+
+// jemalloc's own hooks: they still own the few extents it mapped while it
+// initialised, before ours were installed.
+extent_hooks_t* g_default = nullptr;
+
+void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool* zero,
+            bool* commit, unsigned arena_ind) {
+  if (void* p = TheHeap().AllocExtent(new_addr, size, alignment, zero)) {
+    *commit = true;  // regions are always committed: pages may be pinned
+    return p;
+  }
+  if (new_addr != nullptr) return nullptr;  // growth in place is just not possible here
+  // No region could be made (address space or descriptors exhausted): hand out
+  // unregistered memory rather than fail the allocation. Lookups report it.
+  void* p = g_default->alloc(g_default, nullptr, size, alignment, zero, commit, arena_ind);
+  if (p != nullptr) TheHeap().CountForeign();
+  return p;
+}
+
+// Accept: the pages go back to the heap, which keeps them registered (or
+// releases the whole region once it is empty).
+bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
+  if (Region* r = TheHeap().RegionOf(addr, size)) {
+    TheHeap().FreeExtent(r, addr, size);
+    return false;
+  }
+  return g_default->dalloc(g_default, addr, size, committed, arena_ind);
+}
+
+void Destroy(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
+  if (Region* r = TheHeap().RegionOf(addr, size)) {
+    TheHeap().FreeExtent(r, addr, size);
+    return;
+  }
+  g_default->destroy(g_default, addr, size, committed, arena_ind);
+}
+
+bool Commit(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t length,
+            unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr) return false;  // never decommitted
+  return g_default->commit(g_default, addr, size, offset, length, arena_ind);
+}
+
+// Refuse: decommitting or purging would give the CPU a new page while an MR
+// may still point at the old one. jemalloc then falls back to dalloc.
+bool Decommit(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t length,
+              unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr) return true;
+  return g_default->decommit(g_default, addr, size, offset, length, arena_ind);
+}
+
+bool PurgeLazy(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t length,
+               unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr || g_default->purge_lazy == nullptr) return true;
+  return g_default->purge_lazy(g_default, addr, size, offset, length, arena_ind);
+}
+
+bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t length,
+                 unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr || g_default->purge_forced == nullptr)
+    return true;
+  return g_default->purge_forced(g_default, addr, size, offset, length, arena_ind);
+}
+
+bool Split(extent_hooks_t*, void* addr, size_t size, size_t size_a, size_t size_b, bool committed,
+           unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr) return false;  // bookkeeping only
+  return g_default->split(g_default, addr, size, size_a, size_b, committed, arena_ind);
+}
+
+// Never let an extent span two regions: one allocation must have one MR.
+bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
+           bool committed, unsigned arena_ind) {
+  Region* a = TheHeap().RegionOf(addr_a, size_a);
+  Region* b = TheHeap().RegionOf(addr_b, size_b);
+  if (a != nullptr || b != nullptr) return a != b;
+  return g_default->merge(g_default, addr_a, size_a, addr_b, size_b, committed, arena_ind);
+}
+
+extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
+                          PurgeLazy, PurgeForced, Split,   Merge};
+
+}  // namespace
+
+void* RdmallocExtentHooks() { return &g_hooks; }
+
+void InstallExtentHooks() {
+  size_t len = sizeof g_default;
+  rdmj_mallctl("arena.0.extent_hooks", &g_default, &len, nullptr, 0);
+  unsigned narenas = 0;
+  len = sizeof narenas;
+  rdmj_mallctl("arenas.narenas", &narenas, &len, nullptr, 0);
+  extent_hooks_t* ours = &g_hooks;
+  for (unsigned i = 0; i < narenas; i++) {
+    // For arenas 1.. this creates them now, with our hooks, before any thread
+    // can be given one with jemalloc's defaults.
+    char name[64];
+    snprintf(name, sizeof name, "arena.%u.extent_hooks", i);
+    rdmj_mallctl(name, nullptr, nullptr, &ours, sizeof ours);
+  }
+}
+
+}  // namespace rdmalloc
+
+// Applied after MALLOC_CONF, so the user cannot undo what the design needs:
+// retain:false makes jemalloc give every unused extent back through dalloc
+// (rdmalloc's heap then does the retaining, registration-aware);
+// oversize_threshold:0 keeps huge allocations out of the lazily created
+// huge arena, which would get jemalloc's default hooks.
+extern "C" {
+__attribute__((visibility("hidden"))) extern const char* malloc_conf_2_conf_harder;
+const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
+}

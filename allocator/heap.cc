@@ -1,0 +1,663 @@
+#include "allocator/heap.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <cstring>
+#include <memory>
+
+#include "verbs/uring_registrar.h"
+#include "verbs/verbs_registrar.h"
+
+namespace rdmalloc {
+namespace {
+
+constexpr int kDefaultAccess =
+    RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_WRITE;
+constexpr int kKnownAccess = RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_WRITE |
+                             RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_ATOMIC |
+                             RDMALLOC_ACCESS_RELAXED_ORDERING;
+
+Heap g_heap;
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+// Each thread bumps its own stripe: no shared cache line on the lookup path.
+std::atomic<unsigned> g_next_stripe{0};
+__attribute__((tls_model("initial-exec"))) thread_local unsigned t_stripe = ~0u;
+
+unsigned StripeIndex() {
+  if (__builtin_expect(t_stripe == ~0u, 0)) {
+    t_stripe = g_next_stripe.fetch_add(1, std::memory_order_relaxed) % 64;
+  }
+  return t_stripe;
+}
+
+void* MapAligned(size_t bytes, size_t align) {
+  size_t span = bytes + align;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t aligned = (start + align - 1) & ~(uintptr_t(align) - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  uintptr_t end = start + span, used_end = aligned + bytes;
+  if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+  return reinterpret_cast<void*>(aligned);
+}
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) & ~(to - 1); }
+
+enum class BackendKind { kVerbs, kUring, kNone };
+BackendKind g_kind = BackendKind::kNone;
+
+}  // namespace
+
+Heap& TheHeap() { return g_heap; }
+
+void Heap::Start(const Config& config) {
+  config_ = config;
+  switch (config.backend) {
+    case BackendChoice::kVerbs: g_kind = BackendKind::kVerbs; break;
+    case BackendChoice::kUring: g_kind = BackendKind::kUring; break;
+    case BackendChoice::kNone: g_kind = BackendKind::kNone; break;
+    case BackendChoice::kAuto:
+      g_kind = CountRdmaDevices() > 0 ? BackendKind::kVerbs
+               : UringProbe() == 0    ? BackendKind::kUring
+                                      : BackendKind::kNone;
+      break;
+  }
+  // Eager registration happens inside the alloc hook, so only a backend that
+  // never mallocs can do it; ibverbs always registers on first lookup.
+  if (config_.register_mode == RegisterMode::kEager) {
+    if (g_kind == BackendKind::kUring) EnsureBackend();
+    else config_.register_mode = RegisterMode::kLazy;
+  }
+}
+
+int Heap::EnsureBackend() {
+  if (backend_ready_.load(std::memory_order_acquire)) return backend_err_;
+  SpinLockGuard g(api_lock_);
+  if (backend_ready_.load(std::memory_order_relaxed)) return backend_err_;
+  if (g_kind == BackendKind::kVerbs) {
+    VerbsApi api;
+    if (LoadVerbsApi(&api) == 0) {
+      registrar_ = MakeVerbsRegistrar(api, config_.device).release();
+    } else {
+      g_kind = UringProbe() == 0 ? BackendKind::kUring : BackendKind::kNone;
+    }
+  }
+  if (g_kind == BackendKind::kUring) registrar_ = MakeUringRegistrar().release();
+  int err = ENODEV;
+  if (registrar_ != nullptr) {
+    if (Domain* dom = registrar_->OpenDomain(nullptr, kDefaultAccess, &err)) {
+      domains_[0].domain.store(dom, std::memory_order_release);
+      domains_[0].state.store(DomainSlot::kOpen);
+      err = 0;
+    }
+  }
+  backend_err_ = err;
+  backend_ready_.store(1, std::memory_order_release);
+  if (err == 0 && config_.register_mode == RegisterMode::kEager) RegisterAllLive(0);
+  return err;
+}
+
+const char* Heap::BackendName() {
+  EnsureBackend();
+  return registrar_ != nullptr ? registrar_->name() : "none";
+}
+
+int Heap::DomainIndex(ibv_pd* pd) const {
+  if (pd == nullptr) return 0;
+  for (int i = 1; i < kMaxDomains; i++) {
+    if (domains_[i].pd.load(std::memory_order_acquire) == pd &&
+        domains_[i].state.load(std::memory_order_acquire) == DomainSlot::kOpen)
+      return i;
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------- page heap
+
+Region* Heap::RegionOf(const void* addr, size_t size) const {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  Region* r = map_.Find(a);
+  if (r == nullptr || !(r->seq.load(std::memory_order_acquire) & 1) || !r->Contains(a, size))
+    return nullptr;
+  return r;
+}
+
+bool Heap::CarveLocked(Region* r, size_t first, size_t n, bool* dirty) {
+  *dirty = r->pages.Take(first, n);
+  pages_in_use_.fetch_add(n, std::memory_order_relaxed);
+  return true;
+}
+
+void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zero) {
+  if (size == 0 || (size & (kPageSize - 1)) != 0) return nullptr;
+  size_t n = size >> kPageShift;
+  size_t align = alignment > kPageSize ? alignment >> kPageShift : 1;
+  Region* r = nullptr;
+  size_t first = 0;
+  bool dirty = false;
+  {
+    SpinLockGuard g(heap_lock_);
+    if (new_addr != nullptr) {
+      // In-place growth: only if those exact pages are free in one region.
+      uintptr_t a = reinterpret_cast<uintptr_t>(new_addr);
+      r = RegionOf(new_addr, size);
+      if (r == nullptr || a % (align << kPageShift) != 0) return nullptr;
+      first = (a - r->begin()) >> kPageShift;
+      if (!r->pages.IsFree(first, n)) return nullptr;
+      CarveLocked(r, first, n, &dirty);
+    } else {
+      // Address-ordered first fit: older regions fill up, newer ones drain
+      // and can be released.
+      for (r = regions_; r != nullptr; r = r->next) {
+        size_t skew = (r->begin() >> kPageShift) & (align - 1);
+        first = r->pages.FindFree(n, align, skew);
+        if (first < r->pages.npages()) {
+          CarveLocked(r, first, n, &dirty);
+          break;
+        }
+      }
+    }
+  }
+  if (r == nullptr && new_addr == nullptr) {
+    r = NewRegion(size, alignment);
+    if (r == nullptr) return nullptr;
+    first = 0;
+    dirty = false;  // NewRegion carved the first pages of fresh memory
+  }
+  if (r == nullptr) return nullptr;
+  void* p = reinterpret_cast<void*>(r->begin() + (first << kPageShift));
+  // Freed pages of a registered region are never purged, so they may hold
+  // old bytes; jemalloc asked for zeroes or is told the truth.
+  if (*zero && dirty) memset(p, 0, size);
+  else if (!*zero) *zero = !dirty;
+  return p;
+}
+
+Region* Heap::NewRegion(size_t size, size_t alignment) {
+  size_t grow;
+  {
+    SpinLockGuard g(heap_lock_);
+    grow = next_region_bytes_ < config_.region_size ? next_region_bytes_ : config_.region_size;
+  }
+  size_t bytes = RoundUp(size, kChunkSize);
+  if (bytes < grow) bytes = grow;
+  size_t align = alignment > kChunkSize ? alignment : kChunkSize;
+  void* mem = MapAligned(bytes, align);
+  if (mem == nullptr) return nullptr;
+  size_t npages = bytes >> kPageShift;
+  size_t words_bytes = RoundUp(2 * PageMap::WordsFor(npages) * sizeof(uint64_t), kPageSize);
+  void* words = mmap(nullptr, words_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  Region* r = nullptr;
+  if (words != MAP_FAILED) {
+    SpinLockGuard g(heap_lock_);
+    if (free_descriptors_ != nullptr) {
+      r = free_descriptors_;
+      free_descriptors_ = r->next;
+    } else if (descriptors_used_ < kMaxRegions) {
+      r = &pool_[descriptors_used_];
+      descriptors_used_++;
+    }
+  }
+  if (r == nullptr) {
+    if (words != MAP_FAILED) munmap(words, words_bytes);
+    munmap(mem, bytes);
+    return nullptr;
+  }
+  r->base.store(reinterpret_cast<uintptr_t>(mem), std::memory_order_relaxed);
+  r->size.store(bytes, std::memory_order_relaxed);
+  r->page_words = static_cast<uint64_t*>(words);
+  r->page_words_bytes = words_bytes;
+  r->pages.Init(r->page_words, npages);
+  r->next = nullptr;
+  // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
+  r->seq.fetch_add(1);
+  if (config_.register_mode == RegisterMode::kEager &&
+      backend_ready_.load(std::memory_order_acquire)) {
+    r->reg_lock.Lock();
+    for (int d = 0; d < kMaxDomains; d++) {
+      if (domains_[d].state.load() == DomainSlot::kOpen) RegisterLocked(r, d);
+    }
+    Unlock(r, /*in_hook=*/true);
+  }
+  SpinLockGuard g(heap_lock_);
+  map_.Set(r->begin(), bytes, r);
+  Region** link = &regions_;
+  while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
+  r->next = *link;
+  *link = r;
+  size_t n = size >> kPageShift;
+  bool dirty;
+  CarveLocked(r, 0, n, &dirty);
+  if (next_region_bytes_ < config_.region_size) next_region_bytes_ *= 2;
+  regions_created_.fetch_add(1, std::memory_order_relaxed);
+  bytes_mapped_.fetch_add(bytes, std::memory_order_relaxed);
+  return r;
+}
+
+void Heap::FreeExtent(Region* r, void* addr, size_t size) {
+  size_t first = (reinterpret_cast<uintptr_t>(addr) - r->begin()) >> kPageShift;
+  size_t n = size >> kPageShift;
+  // An unregistered region gives freed pages back to the OS as jemalloc
+  // would. Under reg_lock no registration can pin them meanwhile; if the lock
+  // is busy (a registration is under way) the pages simply stay.
+  bool purged = false;
+  if (r->registrations.load() == 0 && r->reg_lock.TryLock()) {
+    if (r->registrations.load() == 0) purged = madvise(addr, size, MADV_DONTNEED) == 0;
+    Unlock(r, /*in_hook=*/true);
+  }
+  bool empty;
+  {
+    SpinLockGuard g(heap_lock_);
+    r->pages.Give(first, n, purged);
+    pages_in_use_.fetch_sub(n, std::memory_order_relaxed);
+    empty = r->pages.used_pages() == 0;
+    if (empty) {
+      Region** link = &regions_;
+      while (*link != r) link = &(*link)->next;
+      *link = r->next;
+      map_.Clear(r->begin(), r->length());
+      r->seq.fetch_add(1);  // even: lookups that raced with us now fail
+    }
+  }
+  if (empty) {
+    r->release_wanted.store(true);
+    RunRelease(r, /*in_hook=*/true);
+  }
+}
+
+void Heap::Recycle(Region* r) {
+  munmap(r->page_words, r->page_words_bytes);
+  r->page_words = nullptr;
+  r->base.store(0, std::memory_order_relaxed);
+  r->size.store(0, std::memory_order_relaxed);
+  SpinLockGuard g(heap_lock_);
+  r->next = free_descriptors_;
+  free_descriptors_ = r;
+}
+
+// ------------------------------------------------------------- registration
+
+int Heap::RegisterLocked(Region* r, int d) {
+  Domain* dom = domains_[d].domain.load(std::memory_order_acquire);
+  if (dom == nullptr || domains_[d].state.load() != DomainSlot::kOpen) return ENODEV;
+  Registration reg;
+  uint64_t t0 = NowNs();
+  int err = dom->Register(reinterpret_cast<void*>(r->begin()), r->length(), &reg);
+  reg_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  reg_calls_.fetch_add(1, std::memory_order_relaxed);
+  RegSlot& s = r->reg[d];
+  if (err != 0) {
+    s.err.store(err, std::memory_order_relaxed);
+    s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
+    reg_failures_.fetch_add(1, std::memory_order_relaxed);
+    return err;
+  }
+  s.seq.fetch_add(1);  // odd: readers retry
+  s.lkey.store(reg.lkey, std::memory_order_relaxed);
+  s.rkey.store(reg.rkey, std::memory_order_relaxed);
+  s.key_shift.store(reg.key_shift, std::memory_order_relaxed);
+  s.slots.store(reg.slots, std::memory_order_relaxed);
+  s.mr.store(reg.handle, std::memory_order_relaxed);
+  s.handle.store(reg.handle != nullptr ? reg.handle : dom->handle(), std::memory_order_relaxed);
+  s.err.store(0, std::memory_order_relaxed);
+  s.state.store(RegSlot::kRegistered, std::memory_order_relaxed);
+  s.seq.fetch_add(1, std::memory_order_release);
+  r->registrations.fetch_add(1);
+  bytes_registered_.fetch_add(r->length(), std::memory_order_relaxed);
+  return 0;
+}
+
+void Heap::DeregisterLocked(Region* r, int d) {
+  RegSlot& s = r->reg[d];
+  if (s.state.load(std::memory_order_relaxed) != RegSlot::kRegistered) {
+    s.state.store(RegSlot::kNone, std::memory_order_relaxed);
+    return;
+  }
+  Registration reg;
+  reg.lkey = s.lkey.load(std::memory_order_relaxed);
+  reg.rkey = s.rkey.load(std::memory_order_relaxed);
+  reg.key_shift = s.key_shift.load(std::memory_order_relaxed);
+  reg.slots = s.slots.load(std::memory_order_relaxed);
+  reg.handle = s.mr.load(std::memory_order_relaxed);
+  s.seq.fetch_add(1);
+  s.state.store(RegSlot::kNone, std::memory_order_relaxed);
+  Domain* dom = domains_[d].domain.load(std::memory_order_acquire);
+  uint64_t t0 = NowNs();
+  if (dom != nullptr) dom->Deregister(reinterpret_cast<void*>(r->begin()), r->length(), reg);
+  dereg_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
+  dereg_calls_.fetch_add(1, std::memory_order_relaxed);
+  s.seq.fetch_add(1, std::memory_order_release);
+  r->registrations.fetch_sub(1);
+  bytes_registered_.fetch_sub(r->length(), std::memory_order_relaxed);
+}
+
+// Deregister every domain, then unmap. Returns false if the work had to be
+// queued because it would call a malloc-ing backend from hook context.
+bool Heap::ReleaseLocked(Region* r, bool in_hook) {
+  if (in_hook && r->registrations.load() > 0 && !registrar_->hook_safe()) {
+    SpinLockGuard g(pending_lock_);
+    r->next = pending_;
+    pending_ = r;
+    pending_count_.fetch_add(1, std::memory_order_release);
+    releases_deferred_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
+  munmap(reinterpret_cast<void*>(r->begin()), r->length());
+  bytes_mapped_.fetch_sub(r->length(), std::memory_order_relaxed);
+  regions_released_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Whoever holds reg_lock when a release is wanted performs it: hook context
+// never waits for a registration that may itself be inside malloc.
+void Heap::RunRelease(Region* r, bool in_hook) {
+  while (r->release_wanted.load() && r->reg_lock.TryLock()) {
+    if (!r->release_wanted.exchange(false)) {
+      r->reg_lock.Unlock();
+      continue;
+    }
+    bool done = ReleaseLocked(r, in_hook);
+    r->reg_lock.Unlock();
+    if (done) Recycle(r);
+    return;
+  }
+}
+
+void Heap::Unlock(Region* r, bool in_hook) {
+  r->reg_lock.Unlock();
+  RunRelease(r, in_hook);
+}
+
+void Heap::DrainPending() {
+  if (pending_count_.load(std::memory_order_acquire) == 0) return;
+  Region* list;
+  {
+    SpinLockGuard g(pending_lock_);
+    list = pending_;
+    pending_ = nullptr;
+    pending_count_.store(0, std::memory_order_relaxed);
+  }
+  while (list != nullptr) {
+    Region* r = list;
+    list = r->next;
+    r->reg_lock.Lock();
+    ReleaseLocked(r, /*in_hook=*/false);
+    r->reg_lock.Unlock();
+    Recycle(r);
+  }
+}
+
+void Heap::RegisterAllLive(int d) {
+  size_t used;
+  {
+    SpinLockGuard g(heap_lock_);
+    used = descriptors_used_;
+  }
+  for (size_t i = 0; i < used; i++) {
+    Region* r = &pool_[i];
+    if (!(r->seq.load() & 1)) continue;
+    r->reg_lock.Lock();
+    if ((r->seq.load() & 1) && r->reg[d].state.load() != RegSlot::kRegistered) RegisterLocked(r, d);
+    Unlock(r, /*in_hook=*/false);
+  }
+}
+
+// ------------------------------------------------------------------ lookups
+
+void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
+                    uint32_t shift, void* handle, rdmalloc_keys* out) const {
+  uintptr_t base = r->begin();
+  uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+  out->lkey = lkey + step;
+  out->rkey = rkey + step;
+  out->handle = handle;
+  out->mr = static_cast<ibv_mr*>(r->reg[d].mr.load(std::memory_order_relaxed));
+  out->region_base = reinterpret_cast<void*>(base);
+  out->region_len = r->length();
+  out->addr = reinterpret_cast<const void*>(a);
+  out->len = len;
+  out->reg_errno = 0;
+  out->domain = d;
+}
+
+int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
+  std::atomic<uint64_t>& count = stripes_[StripeIndex()].lookups;
+  count.store(count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  if (out == nullptr || len > UINTPTR_MAX - a) return Fail(RDMALLOC_EINVAL, &lookup_einval_);
+  int d = DomainIndex(pd);
+  if (d < 0) return Fail(RDMALLOC_EINVAL, &lookup_einval_);
+  Region* r = map_.Find(a);
+  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+  uint64_t seq = r->seq.load(std::memory_order_acquire);
+  uintptr_t base = r->begin();
+  size_t size = r->length();
+  if (!(seq & 1) || a < base || a - base >= size) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+  if (len > size - (a - base)) return Fail(RDMALLOC_ECROSS, &lookup_cross_);
+  RegSlot& s = r->reg[d];
+  uint32_t q = s.seq.load(std::memory_order_acquire);
+  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
+    uint32_t lkey = s.lkey.load(std::memory_order_relaxed);
+    uint32_t rkey = s.rkey.load(std::memory_order_relaxed);
+    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
+    void* handle = s.handle.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq) {
+      FillKeys(r, d, a, len, lkey, rkey, shift, handle, out);
+      return RDMALLOC_OK;
+    }
+  }
+  return LookupSlow(a, len, d, out);
+}
+
+int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
+  lookup_slow_.fetch_add(1, std::memory_order_relaxed);
+  DrainPending();
+  EnsureBackend();
+  Region* r = map_.Find(a);
+  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+  r->reg_lock.Lock();
+  if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
+    Unlock(r, false);
+    return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+  }
+  if (!r->Contains(a, len)) {
+    Unlock(r, false);
+    return Fail(RDMALLOC_ECROSS, &lookup_cross_);
+  }
+  if (d != 0 && domains_[d].state.load() != DomainSlot::kOpen) {
+    Unlock(r, false);
+    return Fail(RDMALLOC_EINVAL, &lookup_einval_);
+  }
+  RegSlot& s = r->reg[d];
+  int err = s.state.load() == RegSlot::kRegistered ? 0 : RegisterLocked(r, d);
+  if (err != 0) {
+    Unlock(r, false);
+    memset(out, 0, sizeof *out);
+    out->reg_errno = err;
+    out->domain = d;
+    errno = err;
+    return Fail(RDMALLOC_EREGFAIL, &lookup_reg_failed_);
+  }
+  FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(), out);
+  Unlock(r, false);
+  return RDMALLOC_OK;
+}
+
+// ------------------------------------------------------------------ domains
+
+int Heap::AddDomain(ibv_pd* pd, int access) {
+  if (pd == nullptr || (access & ~kKnownAccess) != 0) return RDMALLOC_EINVAL;
+  EnsureBackend();
+  DrainPending();
+  if (registrar_ == nullptr) {
+    errno = ENODEV;
+    return RDMALLOC_ENOTSUP;
+  }
+  SpinLockGuard g(api_lock_);
+  int slot = -1;
+  for (int i = 1; i < kMaxDomains; i++) {
+    if (domains_[i].state.load() != DomainSlot::kFree && domains_[i].pd.load() == pd)
+      return RDMALLOC_EINVAL;
+    if (slot < 0 && domains_[i].state.load() == DomainSlot::kFree) slot = i;
+  }
+  if (slot < 0) {
+    errno = ENOSPC;
+    return RDMALLOC_EINVAL;
+  }
+  int err = 0;
+  Domain* dom = registrar_->OpenDomain(pd, access, &err);
+  if (dom == nullptr) {
+    errno = err;
+    return RDMALLOC_EREGFAIL;
+  }
+  domains_[slot].domain.store(dom, std::memory_order_release);
+  domains_[slot].pd.store(pd, std::memory_order_release);
+  domains_[slot].state.store(DomainSlot::kOpen);
+  if (config_.register_mode == RegisterMode::kEager) RegisterAllLive(slot);
+  return RDMALLOC_OK;
+}
+
+int Heap::RemoveDomain(ibv_pd* pd) {
+  if (pd == nullptr) return RDMALLOC_EINVAL;
+  SpinLockGuard g(api_lock_);
+  int d = DomainIndex(pd);
+  if (d < 0) return RDMALLOC_EINVAL;
+  // Closing first: registrations that start after this see it (seq_cst) and
+  // give up; those before it are found by the scan below.
+  domains_[d].state.store(DomainSlot::kClosing);
+  DrainPending();
+  size_t used;
+  {
+    SpinLockGuard hg(heap_lock_);
+    used = descriptors_used_;
+  }
+  for (size_t i = 0; i < used; i++) {
+    Region* r = &pool_[i];
+    r->reg_lock.Lock();
+    DeregisterLocked(r, d);
+    Unlock(r, false);
+  }
+  Domain* dom = domains_[d].domain.exchange(nullptr);
+  domains_[d].pd.store(nullptr);
+  domains_[d].state.store(DomainSlot::kFree);
+  delete dom;
+  return RDMALLOC_OK;
+}
+
+// ---------------------------------------------------------------------- dma
+
+int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_memory) {
+  if (k == nullptr || (buf == nullptr && n != 0) || off > k->len || n > k->len - off ||
+      k->domain < 0 || k->domain >= kMaxDomains)
+    return RDMALLOC_EINVAL;
+  if (n == 0) return RDMALLOC_OK;
+  uintptr_t a = reinterpret_cast<uintptr_t>(k->addr) + off;
+  Region* r = map_.Find(a);
+  if (r == nullptr) return RDMALLOC_ENOTOURS;
+  int d = k->domain;
+  r->reg_lock.Lock();
+  RegSlot& s = r->reg[d];
+  Domain* dom = domains_[d].domain.load(std::memory_order_acquire);
+  if (!(r->seq.load() & 1) || !r->Contains(a, n) ||
+      r->begin() != reinterpret_cast<uintptr_t>(k->region_base) ||
+      s.state.load() != RegSlot::kRegistered || dom == nullptr) {
+    Unlock(r, false);
+    return RDMALLOC_ENOTOURS;
+  }
+  Registration reg;
+  reg.lkey = s.lkey.load();
+  reg.rkey = s.rkey.load();
+  reg.key_shift = s.key_shift.load();
+  reg.slots = s.slots.load();
+  reg.handle = s.mr.load();
+  void* region_base = reinterpret_cast<void*>(r->begin());
+  int err = to_memory ? dom->DmaWrite(reg, region_base, reinterpret_cast<void*>(a), buf, n)
+                      : dom->DmaRead(reg, region_base, reinterpret_cast<void*>(a), buf, n);
+  Unlock(r, false);
+  if (err == 0) return RDMALLOC_OK;
+  errno = err;
+  return err == ENOTSUP || err == EOPNOTSUPP ? RDMALLOC_ENOTSUP : RDMALLOC_EDMA;
+}
+
+// -------------------------------------------------------------------- stats
+
+int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
+  if (out == nullptr || size < 2 * sizeof(uint32_t)) return RDMALLOC_EINVAL;
+  DrainPending();
+  struct rdmalloc_stats s;
+  memset(&s, 0, sizeof s);
+  s.version = RDMALLOC_STATS_VERSION;
+  s.size = static_cast<uint32_t>(size < sizeof s ? size : sizeof s);
+  auto get = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+  s.regions_created = get(regions_created_);
+  s.regions_released = get(regions_released_);
+  s.regions_live = s.regions_created - s.regions_released;
+  s.bytes_mapped = get(bytes_mapped_);
+  s.bytes_in_use = get(pages_in_use_) << kPageShift;
+  s.bytes_registered = get(bytes_registered_);
+  for (const DomainSlot& d : domains_) s.domains += d.state.load() == DomainSlot::kOpen;
+  s.reg_calls = get(reg_calls_);
+  s.dereg_calls = get(dereg_calls_);
+  s.reg_ns = get(reg_ns_);
+  s.dereg_ns = get(dereg_ns_);
+  s.reg_failures = get(reg_failures_);
+  for (const Stripe& st : stripes_) s.lookups += get(st.lookups);
+  s.lookup_not_ours = get(lookup_not_ours_);
+  s.lookup_cross = get(lookup_cross_);
+  s.lookup_reg_failed = get(lookup_reg_failed_);
+  s.lookup_einval = get(lookup_einval_);
+  s.lookup_slow = get(lookup_slow_);
+  s.foreign_extents = get(foreign_extents_);
+  s.releases_deferred = get(releases_deferred_);
+  memcpy(out, &s, s.size);
+  return RDMALLOC_OK;
+}
+
+// --------------------------------------------------------------------- fork
+
+void Heap::PrepareFork() {
+  api_lock_.Lock();
+  heap_lock_.Lock();
+  pending_lock_.Lock();
+}
+
+void Heap::ParentAfterFork() {
+  pending_lock_.Unlock();
+  heap_lock_.Unlock();
+  api_lock_.Unlock();
+}
+
+void Heap::ChildAfterFork() {
+  pending_lock_.ResetAfterFork();
+  heap_lock_.ResetAfterFork();
+  api_lock_.ResetAfterFork();
+  // Registrations are the parent's kernel objects: forget them, do not undo them.
+  for (size_t i = 0; i < descriptors_used_; i++) {
+    Region* r = &pool_[i];
+    r->reg_lock.ResetAfterFork();
+    for (RegSlot& s : r->reg) {
+      s.state.store(RegSlot::kNone, std::memory_order_relaxed);
+      s.seq.store(0, std::memory_order_relaxed);
+    }
+    r->registrations.store(0, std::memory_order_relaxed);
+  }
+  bytes_registered_.store(0, std::memory_order_relaxed);
+  for (DomainSlot& d : domains_) {
+    if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();
+  }
+}
+
+}  // namespace rdmalloc

@@ -1,0 +1,107 @@
+/* rdmalloc: a malloc whose heap is registered for RDMA.
+ *
+ * Every byte the malloc family returns lives in a *region*: a block of memory
+ * that rdmalloc mapped, registered with each protection domain (PD), and keeps
+ * registered until the allocator really gives it back to the OS. Ask for keys
+ * with rdmalloc_lookup(); never call ibv_reg_mr() in the message path.
+ *
+ * Plain C API. Include <infiniband/verbs.h> yourself if you use ibverbs types.
+ */
+#ifndef RDMALLOC_H
+#define RDMALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ibv_pd;
+struct ibv_mr;
+
+/* Return codes. 0 is success; every error is negative and distinct. */
+enum {
+  RDMALLOC_OK = 0,
+  RDMALLOC_ENOTOURS = -1,   /* address is not rdmalloc heap (stack, static, foreign mmap, NULL, freed region) */
+  RDMALLOC_ECROSS = -2,     /* [addr, addr+len) does not fit in the region that holds addr */
+  RDMALLOC_EREGFAIL = -3,   /* registration failed; errno (and keys.reg_errno) tells why */
+  RDMALLOC_EINVAL = -4,     /* bad arguments: NULL out, overflowing range, unknown pd, bad access flags */
+  RDMALLOC_ENOTSUP = -5,    /* the backend cannot do this (e.g. dma on a backend without a data path) */
+  RDMALLOC_EDMA = -6        /* a dma transfer failed; errno tells why */
+};
+
+/* Access rights for rdmalloc_add_pd (same bit values as enum ibv_access_flags). */
+enum {
+  RDMALLOC_ACCESS_LOCAL_WRITE = 1,
+  RDMALLOC_ACCESS_REMOTE_WRITE = 2,
+  RDMALLOC_ACCESS_REMOTE_READ = 4,
+  RDMALLOC_ACCESS_REMOTE_ATOMIC = 8,
+  RDMALLOC_ACCESS_RELAXED_ORDERING = 1 << 20
+};
+
+struct rdmalloc_keys {
+  uint32_t lkey;            /* local key for [addr, addr+len) */
+  uint32_t rkey;            /* remote key for [addr, addr+len) */
+  struct ibv_mr *mr;        /* the region's MR on the verbs backend; NULL otherwise */
+  void *handle;             /* backend handle: the MR (verbs) or the pinning ring (uring) */
+  void *region_base;        /* the registered region that holds addr */
+  size_t region_len;
+  const void *addr;         /* as given to rdmalloc_lookup; dma offsets count from here */
+  size_t len;
+  int reg_errno;            /* with RDMALLOC_EREGFAIL: the backend's errno */
+  int domain;               /* rdmalloc's index of the pd (0: default); used by rdmalloc_dma_* */
+};
+
+/* Keys for [addr, addr+len) under pd (NULL: rdmalloc's default domain).
+ * The range must lie inside one allocation. Registers the region on first use
+ * if it is not registered yet; afterwards this takes no lock, allocates nothing
+ * and makes no system call. Keys stay valid until the allocation is freed. */
+int rdmalloc_lookup(const void *addr, size_t len, struct ibv_pd *pd, struct rdmalloc_keys *out);
+
+/* Make the heap available under another PD (another device), or stop doing so.
+ * On the uring backend a "pd" is an opaque non-NULL token that gets its own
+ * pinning ring. Returns 0 or a negative RDMALLOC_E* code. */
+int rdmalloc_add_pd(struct ibv_pd *pd, int access);
+int rdmalloc_remove_pd(struct ibv_pd *pd);
+
+/* "verbs", "uring" or "none". */
+const char *rdmalloc_backend(void);
+
+/* Move bytes through the registration, as a NIC would: dma_write puts src into
+ * the registered pages at keys->addr + off; dma_read copies them out. Proves a
+ * buffer's registration is live (tests, health checks). */
+int rdmalloc_dma_write(const struct rdmalloc_keys *k, size_t off, const void *src, size_t n);
+int rdmalloc_dma_read(const struct rdmalloc_keys *k, size_t off, void *dst, size_t n);
+
+#define RDMALLOC_STATS_VERSION 1
+struct rdmalloc_stats {
+  uint32_t version;          /* RDMALLOC_STATS_VERSION */
+  uint32_t size;             /* bytes filled in */
+  uint64_t regions_live;
+  uint64_t regions_created;
+  uint64_t regions_released;
+  uint64_t bytes_mapped;     /* live regions */
+  uint64_t bytes_in_use;     /* handed to jemalloc */
+  uint64_t bytes_registered; /* sum over domains */
+  uint64_t domains;
+  uint64_t reg_calls;
+  uint64_t dereg_calls;
+  uint64_t reg_ns;
+  uint64_t dereg_ns;
+  uint64_t reg_failures;
+  uint64_t lookups;
+  uint64_t lookup_not_ours;
+  uint64_t lookup_cross;
+  uint64_t lookup_reg_failed;
+  uint64_t lookup_einval;
+  uint64_t lookup_slow;      /* lookups that had to register first */
+  uint64_t foreign_extents;  /* extents jemalloc made before rdmalloc's hooks */
+  uint64_t releases_deferred;/* releases moved out of hook context */
+};
+int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RDMALLOC_H */

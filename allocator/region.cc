@@ -1,0 +1,77 @@
+#include "allocator/region.h"
+
+namespace rdmalloc {
+
+void PageMap::Init(uint64_t* words, size_t npages) {
+  used_ = words;
+  dirty_ = words + WordsFor(npages);
+  npages_ = npages;
+  used_pages_ = 0;
+}
+
+bool PageMap::AnySet(const uint64_t* bits, size_t first, size_t n) const {
+  size_t end = first + n;
+  while (first < end) {
+    size_t w = first / 64, b = first % 64;
+    size_t take = end - first < 64 - b ? end - first : 64 - b;
+    uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << b;
+    if (bits[w] & mask) return true;
+    first += take;
+  }
+  return false;
+}
+
+void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {
+  size_t end = first + n;
+  while (first < end) {
+    size_t w = first / 64, b = first % 64;
+    size_t take = end - first < 64 - b ? end - first : 64 - b;
+    uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << b;
+    bits[w] = value ? (bits[w] | mask) : (bits[w] & ~mask);
+    first += take;
+  }
+}
+
+size_t PageMap::FindFree(size_t n, size_t align, size_t skew) const {
+  if (n == 0 || n > npages_ - used_pages_) return npages_;
+  size_t p = 0;
+  while (p + n <= npages_) {
+    // Skip whole used words quickly.
+    if (p % 64 == 0 && used_[p / 64] == ~uint64_t{0}) {
+      p += 64;
+      continue;
+    }
+    if ((used_[p / 64] >> (p % 64)) & 1) {
+      p++;
+      continue;
+    }
+    size_t start = ((p + skew + align - 1) & ~(align - 1)) - skew;
+    if (start + n > npages_) return npages_;
+    if (!AnySet(used_, start, n)) return start;
+    // Move past the first used page inside [start, start+n).
+    size_t q = start;
+    while (!((used_[q / 64] >> (q % 64)) & 1)) q++;
+    p = q + 1;
+  }
+  return npages_;
+}
+
+bool PageMap::IsFree(size_t first, size_t n) const {
+  return first + n <= npages_ && !AnySet(used_, first, n);
+}
+
+bool PageMap::Take(size_t first, size_t n) {
+  bool dirty = AnySet(dirty_, first, n);
+  SetRange(used_, first, n, true);
+  SetRange(dirty_, first, n, true);
+  used_pages_ += n;
+  return dirty;
+}
+
+void PageMap::Give(size_t first, size_t n, bool purged) {
+  SetRange(used_, first, n, false);
+  if (purged) SetRange(dirty_, first, n, false);
+  used_pages_ -= n;
+}
+
+}  // namespace rdmalloc

@@ -1,0 +1,91 @@
+// A region: one block of address space that rdmalloc mapped for jemalloc, the
+// unit of registration. See docs/DESIGN.md ("Regions") for its life cycle.
+#ifndef RDMALLOC_ALLOCATOR_REGION_H_
+#define RDMALLOC_ALLOCATOR_REGION_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/spin_lock.h"
+
+namespace rdmalloc {
+
+constexpr unsigned kPageShift = 12;
+constexpr size_t kPageSize = size_t{1} << kPageShift;
+constexpr int kMaxDomains = 8;
+
+// One domain's registration of one region. Written under Region::reg_lock;
+// read lock-free with a sequence count (odd while it changes).
+struct RegSlot {
+  enum : uint32_t { kNone = 0, kRegistered = 1, kFailed = 2 };
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> state{kNone};
+  std::atomic<uint32_t> lkey{0};
+  std::atomic<uint32_t> rkey{0};
+  std::atomic<uint32_t> key_shift{0};
+  std::atomic<uint32_t> slots{0};
+  std::atomic<int> err{0};
+  std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
+  std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
+};
+
+// Page bitmaps of a region; one bit per page. Guarded by the heap lock.
+class PageMap {
+ public:
+  // `words` must be zeroed and hold 2 * WordsFor(npages) words.
+  void Init(uint64_t* words, size_t npages);
+  static size_t WordsFor(size_t npages) { return (npages + 63) / 64; }
+
+  size_t npages() const { return npages_; }
+  size_t used_pages() const { return used_pages_; }
+
+  // First free run of n pages whose first page p has (p + skew) % align == 0
+  // (align in pages, a power of two). Returns npages() if none.
+  size_t FindFree(size_t n, size_t align, size_t skew) const;
+  bool IsFree(size_t first, size_t n) const;
+  // Marks [first, first+n) used and dirty; returns whether any page was dirty.
+  bool Take(size_t first, size_t n);
+  // Marks [first, first+n) free; `purged` pages read as zero again.
+  void Give(size_t first, size_t n, bool purged);
+
+ private:
+  bool AnySet(const uint64_t* bits, size_t first, size_t n) const;
+  static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
+
+  uint64_t* used_ = nullptr;   // handed to jemalloc
+  uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
+  size_t npages_ = 0;
+  size_t used_pages_ = 0;
+};
+
+struct Region {
+  // Identity. seq is odd while the region is live (mapped, findable);
+  // lookups read base/size and then check that seq has not moved.
+  std::atomic<uint64_t> seq{0};
+  std::atomic<uintptr_t> base{0};
+  std::atomic<size_t> size{0};
+
+  // Page heap; guarded by the heap lock.
+  PageMap pages;
+  uint64_t* page_words = nullptr;
+  size_t page_words_bytes = 0;
+  Region* next = nullptr;  // heap's address-ordered list, or free/pending list
+
+  // Registration. reg_lock serialises registering, deregistering, purging and
+  // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).
+  SpinLock reg_lock;
+  std::atomic<bool> release_wanted{false};
+  std::atomic<int> registrations{0};
+  RegSlot reg[kMaxDomains];
+
+  uintptr_t begin() const { return base.load(std::memory_order_relaxed); }
+  size_t length() const { return size.load(std::memory_order_relaxed); }
+  bool Contains(uintptr_t a, size_t n) const {
+    return a >= begin() && a - begin() <= length() && n <= length() - (a - begin());
+  }
+};
+
+}  // namespace rdmalloc
+
+#endif  // RDMALLOC_ALLOCATOR_REGION_H_

@@ -1,0 +1,30 @@
+#include "allocator/region_map.h"
+
+#include <sys/mman.h>
+
+namespace rdmalloc {
+
+bool RegionMap::Set(uintptr_t base, size_t size, Region* r) {
+  uintptr_t first = base >> kChunkShift;
+  uintptr_t last = (base + size - 1) >> kChunkShift;
+  if (last >= kChunks) return false;
+  for (uintptr_t c = first; c <= last; c++) {
+    std::atomic<Leaf*>& top = top_[c >> kLeafBits];
+    Leaf* leaf = top.load(std::memory_order_acquire);
+    if (leaf == nullptr) {
+      if (r == nullptr) continue;
+      void* mem = mmap(nullptr, sizeof(Leaf), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) {
+        if (c > first) Set(base, (c - first) << kChunkShift, nullptr);
+        return false;
+      }
+      leaf = static_cast<Leaf*>(mem);  // zero pages: every slot reads nullptr
+      top.store(leaf, std::memory_order_release);
+    }
+    leaf->slot[c & (kLeafSize - 1)].store(r, std::memory_order_release);
+  }
+  return true;
+}
+
+}  // namespace rdmalloc

@@ -1,0 +1,67 @@
+// Helpers shared by rdmalloc's in-process tests (linked with //allocator:core,
+// so the test binary's own malloc is rdmalloc).
+#ifndef RDMALLOC_TEST_TEST_UTIL_H_
+#define RDMALLOC_TEST_TEST_UTIL_H_
+
+#include <jemalloc/jemalloc.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "allocator/rdmalloc.h"
+
+namespace rdmalloc_test {
+
+// Pinned memory of this process, from /proc/self/status (kB).
+inline long VmPinKb() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    if (sscanf(line, "VmPin: %ld kB", &kb) == 1) break;
+  }
+  fclose(f);
+  return kb;
+}
+
+// Makes jemalloc give back everything it caches: this thread's tcache, then
+// every arena's dirty and muzzy extents (through rdmalloc's dalloc hook).
+inline void ForceDecay() {
+  mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+  mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // MALLCTL_ARENAS_ALL
+}
+
+inline struct rdmalloc_stats Stats() {
+  struct rdmalloc_stats s;
+  memset(&s, 0, sizeof s);
+  rdmalloc_stats(&s, sizeof s);
+  return s;
+}
+
+// A byte pattern that differs per (seed, offset), so a stale page never
+// passes for a fresh one.
+inline uint8_t PatternByte(uint64_t seed, size_t i) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint8_t>(x >> 32);
+}
+
+inline void FillPattern(void* p, size_t n, uint64_t seed) {
+  auto* b = static_cast<uint8_t*>(p);
+  for (size_t i = 0; i < n; i++) b[i] = PatternByte(seed, i);
+}
+
+inline bool HasPattern(const void* p, size_t n, uint64_t seed) {
+  auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != PatternByte(seed, i)) return false;
+  return true;
+}
+
+}  // namespace rdmalloc_test
+
+#endif  // RDMALLOC_TEST_TEST_UTIL_H_
