@@ -156,16 +156,22 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
       if (!r->pages.IsFree(first, n)) return nullptr;
       CarveLocked(r, first, n, &dirty);
     } else {
-      // Address-ordered first fit: older regions fill up, newer ones drain
-      // and can be released.
-      for (r = regions_; r != nullptr; r = r->next) {
-        size_t skew = (r->begin() >> kPageShift) & (align - 1);
-        first = r->pages.FindFree(n, align, skew);
-        if (first < r->pages.npages()) {
-          CarveLocked(r, first, n, &dirty);
-          break;
+      // Fullest region that fits: busy regions pack tighter and nearly
+      // empty ones drain, so they can be released (a region is only released
+      // whole); ties go to the lower address.
+      size_t best_free = SIZE_MAX;
+      for (Region* c = regions_; c != nullptr; c = c->next) {
+        size_t free_pages = c->pages.npages() - c->pages.used_pages();
+        if (free_pages < n || free_pages >= best_free) continue;
+        size_t skew = (c->begin() >> kPageShift) & (align - 1);
+        size_t at = c->pages.FindFree(n, align, skew);
+        if (at < c->pages.npages()) {
+          r = c;
+          first = at;
+          best_free = free_pages;
         }
       }
+      if (r != nullptr) CarveLocked(r, first, n, &dirty);
     }
   }
   if (r == nullptr && new_addr == nullptr) {

@@ -5,10 +5,20 @@
 
 #include <jemalloc/jemalloc.h>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
 
 #include "allocator/rdmalloc.h"
 
@@ -61,6 +71,39 @@ inline bool HasPattern(const void* p, size_t n, uint64_t seed) {
     if (b[i] != PatternByte(seed, i)) return false;
   return true;
 }
+
+// io_uring may drop its pins a moment after the unregister returns (the
+// kernel frees them when the last reference goes): poll briefly.
+inline long VmPinKbWhen(bool (*ok)(long kb, long want), long want) {
+  long kb = VmPinKb();
+  for (int i = 0; i < 200 && !ok(kb, want); i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kb = VmPinKb();
+  }
+  return kb;
+}
+
+// Runs this test binary again with `extra_env` added, only `test_name`, and
+// RDMALLOC_TEST_CHILD=1 set; returns its exit status (-1 if it did not exit).
+// For settings that rdmalloc reads once at start-up.
+inline int RerunSelf(const std::string& test_name, std::vector<std::string> extra_env) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; e++) env.push_back(*e);
+  for (auto& e : extra_env) env.push_back(e);
+  env.push_back("RDMALLOC_TEST_CHILD=1");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=" + test_name;
+  char* argv[] = {const_cast<char*>("/proc/self/exe"), filter.data(), nullptr};
+  pid_t pid;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+inline bool IsRerunChild() { return getenv("RDMALLOC_TEST_CHILD") != nullptr; }
 
 }  // namespace rdmalloc_test
 

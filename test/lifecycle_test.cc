@@ -1,0 +1,183 @@
+// The registration life cycle: regions stay registered while jemalloc keeps
+// any of them, are deregistered and unmapped once all of it comes back, and
+// domains and fork behave.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "test/page_oracle.h"
+#include "test/test_util.h"
+
+namespace rdmalloc_test {
+namespace {
+
+constexpr long kMiB = 1024;  // in kB
+
+TEST(Lifecycle, ReleasedRegionsAreDeregisteredAndUnpinned) {
+  ForceDecay();
+  long pin0 = VmPinKb();
+  struct rdmalloc_stats s0 = Stats();
+  std::vector<void*> bufs;
+  for (int i = 0; i < 16; i++) {
+    void* p = malloc(size_t{8} << 20);
+    memset(p, i, size_t{8} << 20);
+    rdmalloc_keys k;
+    ASSERT_EQ(rdmalloc_lookup(p, size_t{8} << 20, nullptr, &k), RDMALLOC_OK);
+    bufs.push_back(p);
+  }
+  struct rdmalloc_stats s1 = Stats();
+  long pin1 = VmPinKb();
+  EXPECT_GE(s1.bytes_registered - s0.bytes_registered, uint64_t{128} << 20);
+  EXPECT_GE(pin1 - pin0, 128 * kMiB);
+  for (void* p : bufs) free(p);
+  ForceDecay();
+  struct rdmalloc_stats s2 = Stats();
+  long pin2 = VmPinKbWhen([](long kb, long want) { return kb <= want; }, pin0 + 16 * kMiB);
+  printf("VmPin %ld -> %ld -> %ld kB; registered %llu -> %llu -> %llu MiB; released %llu regions\n",
+         pin0, pin1, pin2, (unsigned long long)(s0.bytes_registered >> 20),
+         (unsigned long long)(s1.bytes_registered >> 20),
+         (unsigned long long)(s2.bytes_registered >> 20),
+         (unsigned long long)(s2.regions_released - s1.regions_released));
+  EXPECT_GT(s2.regions_released, s1.regions_released);
+  EXPECT_GT(s2.dereg_calls, s1.dereg_calls);
+  EXPECT_LE(s2.bytes_registered, s0.bytes_registered + (uint64_t{16} << 20));
+  EXPECT_LE(pin2, pin0 + 16 * kMiB);
+
+  // Reuse after release: new memory, registered again, page identity holds.
+  void* p = malloc(size_t{8} << 20);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{8} << 20, nullptr, &k), RDMALLOC_OK);
+  EXPECT_GE(Stats().bytes_registered, k.region_len);
+  EXPECT_GE(VmPinKb(), static_cast<long>(k.region_len >> 10));
+  EXPECT_TRUE(CheckPageIdentity(p, size_t{8} << 20, 0, size_t{8} << 20, 99).ok);
+  free(p);
+}
+
+TEST(Lifecycle, PartlyUsedRegionStaysWholeAndRegistered) {
+  std::vector<void*> bufs;
+  for (int i = 0; i < 8; i++) bufs.push_back(malloc(256 << 10));
+  rdmalloc_keys first;
+  ASSERT_EQ(rdmalloc_lookup(bufs[0], 256 << 10, nullptr, &first), RDMALLOC_OK);
+  uint64_t released = Stats().regions_released;
+  for (size_t i = 1; i < bufs.size(); i++) free(bufs[i]);
+  ForceDecay();
+  rdmalloc_keys again;
+  ASSERT_EQ(rdmalloc_lookup(bufs[0], 256 << 10, nullptr, &again), RDMALLOC_OK);
+  EXPECT_EQ(again.region_base, first.region_base);
+  EXPECT_EQ(again.lkey, first.lkey);
+  // The old keys still move bytes: the registration was never dropped.
+  std::vector<uint8_t> pattern(256 << 10);
+  FillPattern(pattern.data(), pattern.size(), 5);
+  ASSERT_EQ(rdmalloc_dma_write(&first, 0, pattern.data(), pattern.size()), RDMALLOC_OK);
+  EXPECT_EQ(memcmp(bufs[0], pattern.data(), pattern.size()), 0);
+  EXPECT_TRUE(CheckPageIdentity(bufs[0], 256 << 10, 0, 256 << 10, 6).ok);
+  (void)released;
+  free(bufs[0]);
+}
+
+TEST(Lifecycle, CallocOfReusedRegisteredMemoryIsZero) {
+  const size_t n = size_t{3} << 20;
+  for (int round = 0; round < 4; round++) {
+    auto* p = static_cast<uint8_t*>(malloc(n));
+    rdmalloc_keys k;
+    ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+    memset(p, 0xAB, n);
+    free(p);
+    if (round % 2) ForceDecay();  // reused from jemalloc's cache, then from ours
+    auto* q = static_cast<uint8_t*>(calloc(1, n));
+    ASSERT_TRUE(std::all_of(q, q + n, [](uint8_t v) { return v == 0; })) << "round " << round;
+    std::vector<uint8_t> nic(n, 1);
+    ASSERT_EQ(rdmalloc_lookup(q, n, nullptr, &k), RDMALLOC_OK);
+    ASSERT_EQ(rdmalloc_dma_read(&k, 0, nic.data(), n), RDMALLOC_OK);
+    EXPECT_TRUE(std::all_of(nic.begin(), nic.end(), [](uint8_t v) { return v == 0; }));
+    free(q);
+  }
+}
+
+// On the uring backend a "pd" is a token with its own pinning ring.
+TEST(Domains, AddMakesTheExistingHeapAvailableRemoveDeregisters) {
+  void* p = malloc(size_t{4} << 20);
+  rdmalloc_keys k0;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{4} << 20, nullptr, &k0), RDMALLOC_OK);
+  long pin_before = VmPinKb();
+  static int token;
+  auto* pd = reinterpret_cast<ibv_pd*>(&token);
+  ASSERT_EQ(rdmalloc_add_pd(pd, RDMALLOC_ACCESS_LOCAL_WRITE), RDMALLOC_OK);
+  EXPECT_EQ(rdmalloc_add_pd(pd, RDMALLOC_ACCESS_LOCAL_WRITE), RDMALLOC_EINVAL) << "twice";
+  rdmalloc_keys k1;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{4} << 20, pd, &k1), RDMALLOC_OK);
+  EXPECT_NE(k1.handle, k0.handle) << "a second ring";
+  EXPECT_EQ(k1.region_base, k0.region_base);
+  EXPECT_GE(VmPinKb() - pin_before, static_cast<long>(k1.region_len >> 10));
+  // The same bytes under both domains.
+  EXPECT_TRUE(CheckPageIdentity(p, size_t{4} << 20, 0, 1 << 20, 3).ok);
+  std::vector<uint8_t> via_pd(1 << 20);
+  ASSERT_EQ(rdmalloc_dma_read(&k1, 0, via_pd.data(), via_pd.size()), RDMALLOC_OK);
+  EXPECT_EQ(memcmp(via_pd.data(), p, via_pd.size()), 0);
+  EXPECT_EQ(Stats().domains, 2u);
+
+  ASSERT_EQ(rdmalloc_remove_pd(pd), RDMALLOC_OK);
+  EXPECT_EQ(rdmalloc_lookup(p, 100, pd, &k1), RDMALLOC_EINVAL);
+  EXPECT_EQ(Stats().domains, 1u);
+  long pin_after = VmPinKbWhen([](long kb, long want) { return kb <= want; }, pin_before);
+  EXPECT_LE(pin_after, pin_before);
+  EXPECT_EQ(rdmalloc_lookup(p, 100, nullptr, &k0), RDMALLOC_OK) << "the default domain stays";
+  free(p);
+}
+
+TEST(Fork, ChildUsesItsHeapParentKeysStayValid) {
+  const size_t n = size_t{2} << 20;
+  auto* p = static_cast<uint8_t*>(malloc(n));
+  FillPattern(p, n, 21);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    bool ok = HasPattern(p, n, 21);
+    std::vector<void*> v;
+    for (int i = 0; i < 1000; i++) v.push_back(malloc(64 + i * 100));
+    for (void* q : v) free(q);
+    // The child registers in its own ring, for old and new buffers alike.
+    ok = ok && CheckPageIdentity(p, n, 0, 4096, 22).ok;
+    void* fresh = malloc(n);
+    ok = ok && CheckPageIdentity(fresh, n, 0, n, 23).ok;
+    free(fresh);
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(HasPattern(p, n, 21)) << "the child's writes stayed in the child";
+  std::vector<uint8_t> nic(n);
+  ASSERT_EQ(rdmalloc_dma_read(&k, 0, nic.data(), n), RDMALLOC_OK) << "parent keys after fork";
+  EXPECT_TRUE(HasPattern(nic.data(), n, 21));
+  free(p);
+}
+
+// RDMALLOC_REGISTER=eager: regions are registered as they are made, so the
+// first lookup of a new buffer is already a hit.
+TEST(Eager, NewRegionsAreRegisteredBeforeAnyLookup) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Eager.NewRegionsAreRegisteredBeforeAnyLookup", {"RDMALLOC_REGISTER=eager"}), 0);
+    return;
+  }
+  void* p = malloc(size_t{40} << 20);  // a region of its own
+  struct rdmalloc_stats s = Stats();
+  EXPECT_GE(s.bytes_registered, uint64_t{40} << 20);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{40} << 20, nullptr, &k), RDMALLOC_OK);
+  EXPECT_EQ(Stats().lookup_slow, s.lookup_slow);
+  EXPECT_TRUE(CheckPageIdentity(p, size_t{40} << 20, 0, 1 << 20, 8).ok);
+  free(p);
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+}  // namespace
+}  // namespace rdmalloc_test
