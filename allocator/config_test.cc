@@ -1,0 +1,292 @@
+#include "allocator/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace rdmalloc {
+namespace {
+
+// EnvFn and the warn callback are plain function pointers: state is static.
+std::map<std::string, std::string> g_env;
+std::set<std::string> g_asked;
+std::vector<std::string> g_warnings;
+
+const char* FakeEnv(const char* name) {
+  g_asked.insert(name);
+  auto it = g_env.find(name);
+  return it == g_env.end() ? nullptr : it->second.c_str();
+}
+
+void CaptureWarn(const char* line) { g_warnings.emplace_back(line); }
+
+constexpr size_t kM = size_t{1} << 20;
+constexpr size_t kG = size_t{1} << 30;
+
+// Every field compared, so a setting that leaks into another field is caught.
+void ExpectSameConfig(const Config& a, const Config& b) {
+  EXPECT_EQ(a.backend, b.backend);
+  EXPECT_STREQ(a.device, b.device);
+  EXPECT_EQ(a.region_size, b.region_size);
+  EXPECT_EQ(a.register_mode, b.register_mode);
+  EXPECT_EQ(a.stats, b.stats);
+  EXPECT_STREQ(a.stats_file, b.stats_file);
+  EXPECT_EQ(a.verbose, b.verbose);
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    g_env.clear();
+    g_asked.clear();
+    g_warnings.clear();
+  }
+  Config Parse() { return ParseConfig(&FakeEnv, &CaptureWarn); }
+};
+
+TEST_F(ConfigTest, EmptyEnvironmentGivesDefaultsSilently) {
+  Config c = Parse();
+  ExpectSameConfig(c, Config{});
+  EXPECT_EQ(c.backend, BackendChoice::kAuto);
+  EXPECT_EQ(c.device[0], '\0');
+  EXPECT_EQ(c.region_size, 32 * kM);
+  EXPECT_EQ(c.register_mode, RegisterMode::kLazy);
+  EXPECT_EQ(c.stats, StatsMode::kOff);
+  EXPECT_EQ(c.stats_file[0], '\0');
+  EXPECT_EQ(c.verbose, 0);
+  EXPECT_TRUE(g_warnings.empty());
+}
+
+TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
+  Parse();
+  std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
+                                "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
+                                "RDMALLOC_VERBOSE"};
+  EXPECT_EQ(g_asked, want);
+}
+
+// A good value: the expected Config is the default with one field changed.
+struct GoodCase {
+  const char* var;
+  std::string value;
+  void (*apply)(Config* c, const std::string& value);
+};
+
+std::vector<GoodCase> GoodCases() {
+  std::vector<GoodCase> v;
+  auto add = [&](const char* var, std::string value, void (*apply)(Config*, const std::string&)) {
+    v.push_back({var, std::move(value), apply});
+  };
+  add("RDMALLOC_BACKEND", "auto", [](Config* c, const std::string&) { c->backend = BackendChoice::kAuto; });
+  add("RDMALLOC_BACKEND", "verbs", [](Config* c, const std::string&) { c->backend = BackendChoice::kVerbs; });
+  add("RDMALLOC_BACKEND", "uring", [](Config* c, const std::string&) { c->backend = BackendChoice::kUring; });
+  add("RDMALLOC_BACKEND", "none", [](Config* c, const std::string&) { c->backend = BackendChoice::kNone; });
+  auto device = [](Config* c, const std::string& s) { strcpy(c->device, s.c_str()); };
+  add("RDMALLOC_DEVICE", "mlx5_0", device);
+  add("RDMALLOC_DEVICE", "x", device);
+  add("RDMALLOC_DEVICE", std::string(63, 'd'), device);  // longest that fits
+  add("RDMALLOC_REGION_SIZE", "2M", [](Config* c, const std::string&) { c->region_size = 2 * kM; });
+  add("RDMALLOC_REGION_SIZE", "64M", [](Config* c, const std::string&) { c->region_size = 64 * kM; });
+  add("RDMALLOC_REGION_SIZE", "1g", [](Config* c, const std::string&) { c->region_size = kG; });
+  add("RDMALLOC_REGION_SIZE", "64G", [](Config* c, const std::string&) { c->region_size = 64 * kG; });
+  add("RDMALLOC_REGION_SIZE", "2048KB", [](Config* c, const std::string&) { c->region_size = 2 * kM; });
+  add("RDMALLOC_REGION_SIZE", "33554432", [](Config* c, const std::string&) { c->region_size = 32 * kM; });
+  // Not a multiple of 2 MiB: rounded up to whole chunks.
+  add("RDMALLOC_REGION_SIZE", "3M", [](Config* c, const std::string&) { c->region_size = 4 * kM; });
+  add("RDMALLOC_REGION_SIZE", "2097153", [](Config* c, const std::string&) { c->region_size = 4 * kM; });
+  add("RDMALLOC_REGISTER", "lazy", [](Config* c, const std::string&) { c->register_mode = RegisterMode::kLazy; });
+  add("RDMALLOC_REGISTER", "eager", [](Config* c, const std::string&) { c->register_mode = RegisterMode::kEager; });
+  add("RDMALLOC_STATS", "0", [](Config* c, const std::string&) { c->stats = StatsMode::kOff; });
+  add("RDMALLOC_STATS", "1", [](Config* c, const std::string&) { c->stats = StatsMode::kText; });
+  add("RDMALLOC_STATS", "json", [](Config* c, const std::string&) { c->stats = StatsMode::kJson; });
+  auto stats_file = [](Config* c, const std::string& s) { strcpy(c->stats_file, s.c_str()); };
+  add("RDMALLOC_STATS_FILE", "/tmp/rdmalloc.stats", stats_file);
+  add("RDMALLOC_STATS_FILE", "-", stats_file);
+  add("RDMALLOC_STATS_FILE", "/" + std::string(254, 'f'), stats_file);  // 255: longest that fits
+  add("RDMALLOC_VERBOSE", "0", [](Config* c, const std::string&) { c->verbose = 0; });
+  add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
+  add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
+  return v;
+}
+
+TEST_F(ConfigTest, GoodValuesAreParsedWithoutWarnings) {
+  for (const GoodCase& gc : GoodCases()) {
+    SCOPED_TRACE(std::string(gc.var) + "=\"" + gc.value + "\"");
+    SetUp();
+    g_env[gc.var] = gc.value;
+    Config want;
+    gc.apply(&want, gc.value);
+    Config got = Parse();
+    ExpectSameConfig(got, want);
+    EXPECT_TRUE(g_warnings.empty()) << g_warnings.front();
+  }
+}
+
+struct BadCase {
+  const char* var;
+  std::string value;
+  const char* used;  // what the warning says is used instead
+};
+
+std::vector<BadCase> BadCases() {
+  return {
+      {"RDMALLOC_BACKEND", "", "auto"},
+      {"RDMALLOC_BACKEND", "AUTO", "auto"},
+      {"RDMALLOC_BACKEND", "rdma", "auto"},
+      {"RDMALLOC_BACKEND", "uring ", "auto"},
+      {"RDMALLOC_BACKEND", "verb", "auto"},
+      {"RDMALLOC_DEVICE", "", "the first device"},
+      {"RDMALLOC_DEVICE", std::string(64, 'd'), "the first device"},  // no room for the NUL
+      {"RDMALLOC_REGION_SIZE", "", "32M"},
+      {"RDMALLOC_REGION_SIZE", "abc", "32M"},
+      {"RDMALLOC_REGION_SIZE", "-64M", "32M"},
+      {"RDMALLOC_REGION_SIZE", "0", "32M"},
+      {"RDMALLOC_REGION_SIZE", "1M", "32M"},          // below the minimum
+      {"RDMALLOC_REGION_SIZE", "2097151", "32M"},     // one byte below the minimum
+      {"RDMALLOC_REGION_SIZE", "65G", "32M"},         // above the maximum
+      {"RDMALLOC_REGION_SIZE", "68719476737", "32M"}, // one byte above the maximum
+      {"RDMALLOC_REGION_SIZE", "64T", "32M"},
+      {"RDMALLOC_REGION_SIZE", "64 M", "32M"},
+      {"RDMALLOC_REGION_SIZE", "99999999999999999999999", "32M"},  // overflows
+      {"RDMALLOC_REGISTER", "", "lazy"},
+      {"RDMALLOC_REGISTER", "Lazy", "lazy"},
+      {"RDMALLOC_REGISTER", "now", "lazy"},
+      {"RDMALLOC_STATS", "", "0"},
+      {"RDMALLOC_STATS", "2", "0"},
+      {"RDMALLOC_STATS", "yes", "0"},
+      {"RDMALLOC_STATS", "JSON", "0"},
+      {"RDMALLOC_STATS_FILE", "", "stderr"},
+      {"RDMALLOC_STATS_FILE", "/" + std::string(255, 'f'), "stderr"},  // 256 characters
+      {"RDMALLOC_VERBOSE", "", "0"},
+      {"RDMALLOC_VERBOSE", "3", "0"},
+      {"RDMALLOC_VERBOSE", "-1", "0"},
+      {"RDMALLOC_VERBOSE", "01", "0"},
+      {"RDMALLOC_VERBOSE", "10", "0"},
+      {"RDMALLOC_VERBOSE", "1 ", "0"},
+      {"RDMALLOC_VERBOSE", "high", "0"},
+  };
+}
+
+TEST_F(ConfigTest, BadValuesWarnOnceAndKeepTheDefault) {
+  for (const BadCase& bc : BadCases()) {
+    SCOPED_TRACE(std::string(bc.var) + "=\"" + bc.value + "\"");
+    SetUp();
+    g_env[bc.var] = bc.value;
+    Config got = Parse();
+    ExpectSameConfig(got, Config{});
+    ASSERT_EQ(g_warnings.size(), 1u);
+    const std::string& w = g_warnings[0];
+    EXPECT_NE(w.find(std::string(bc.var) + "=\"" + bc.value + "\""), std::string::npos) << w;
+    EXPECT_NE(w.find(std::string("using ") + bc.used), std::string::npos) << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << "warning must be one line: " << w;
+  }
+}
+
+TEST_F(ConfigTest, AllGoodAtOnce) {
+  g_env = {{"RDMALLOC_BACKEND", "uring"},    {"RDMALLOC_DEVICE", "rxe0"},
+           {"RDMALLOC_REGION_SIZE", "128M"}, {"RDMALLOC_REGISTER", "eager"},
+           {"RDMALLOC_STATS", "json"},       {"RDMALLOC_STATS_FILE", "/tmp/s.json"},
+           {"RDMALLOC_VERBOSE", "2"}};
+  Config c = Parse();
+  EXPECT_EQ(c.backend, BackendChoice::kUring);
+  EXPECT_STREQ(c.device, "rxe0");
+  EXPECT_EQ(c.region_size, 128 * kM);
+  EXPECT_EQ(c.register_mode, RegisterMode::kEager);
+  EXPECT_EQ(c.stats, StatsMode::kJson);
+  EXPECT_STREQ(c.stats_file, "/tmp/s.json");
+  EXPECT_EQ(c.verbose, 2);
+  EXPECT_TRUE(g_warnings.empty());
+}
+
+// One bad variable does not disturb the good ones; each bad one gets its own line.
+TEST_F(ConfigTest, MixedGoodAndBad) {
+  g_env = {{"RDMALLOC_BACKEND", "verbs"},   {"RDMALLOC_DEVICE", ""},
+           {"RDMALLOC_REGION_SIZE", "1k"},  {"RDMALLOC_REGISTER", "eager"},
+           {"RDMALLOC_STATS", "maybe"},     {"RDMALLOC_STATS_FILE", "/tmp/s"},
+           {"RDMALLOC_VERBOSE", "9"}};
+  Config c = Parse();
+  EXPECT_EQ(c.backend, BackendChoice::kVerbs);
+  EXPECT_STREQ(c.device, "");
+  EXPECT_EQ(c.region_size, 32 * kM);
+  EXPECT_EQ(c.register_mode, RegisterMode::kEager);
+  EXPECT_EQ(c.stats, StatsMode::kOff);
+  EXPECT_STREQ(c.stats_file, "/tmp/s");
+  EXPECT_EQ(c.verbose, 0);
+  ASSERT_EQ(g_warnings.size(), 4u);
+  EXPECT_NE(g_warnings[0].find("RDMALLOC_DEVICE=\"\""), std::string::npos) << g_warnings[0];
+  EXPECT_NE(g_warnings[1].find("RDMALLOC_REGION_SIZE=\"1k\""), std::string::npos) << g_warnings[1];
+  EXPECT_NE(g_warnings[2].find("RDMALLOC_STATS=\"maybe\""), std::string::npos) << g_warnings[2];
+  EXPECT_NE(g_warnings[3].find("RDMALLOC_VERBOSE=\"9\""), std::string::npos) << g_warnings[3];
+}
+
+// --- ParseSize ---
+
+struct SizeCase {
+  const char* in;
+  size_t want;
+};
+
+TEST(ParseSizeTest, AcceptsNumbersWithOptionalSuffix) {
+  const SizeCase cases[] = {
+      {"64M", 64 * kM},
+      {"2g", 2 * kG},
+      {"1048576", 1048576},
+      {"4KB", 4096},
+      {"4kb", 4096},
+      {"4k", 4096},
+      {"7Mb", 7 * kM},
+      {"16G", 16 * kG},
+      {"0", 0},
+      {"0K", 0},
+      {"007", 7},
+      {"18446744073709551609", 18446744073709551609ull},
+      {"17179869183G", ((size_t{1} << 34) - 1) << 30},  // largest G value that fits
+  };
+  for (const SizeCase& sc : cases) {
+    SCOPED_TRACE(sc.in);
+    size_t out = 12345;
+    ASSERT_TRUE(ParseSize(sc.in, &out));
+    EXPECT_EQ(out, sc.want);
+  }
+}
+
+TEST(ParseSizeTest, RejectsGarbageAndLeavesOutputAlone) {
+  const char* cases[] = {
+      "",   "-1", "-64M", "+64M", "abc", "M",     "KB",   " 64M", "64M ", "64 M", "64X",
+      "64B" /* B only after K/M/G */,   "64MBB", "64MM", "0x10", "1.5G", "64T",  "1e6", "6 4",
+  };
+  for (const char* s : cases) {
+    SCOPED_TRACE(std::string("\"") + s + "\"");
+    size_t out = 12345;
+    EXPECT_FALSE(ParseSize(s, &out));
+    EXPECT_EQ(out, 12345u);
+  }
+  size_t out = 12345;
+  EXPECT_FALSE(ParseSize(nullptr, &out));
+  EXPECT_EQ(out, 12345u);
+}
+
+TEST(ParseSizeTest, RejectsOverflow) {
+  const char* cases[] = {
+      "18446744073709551616",       // 2^64
+      "99999999999999999999",       // 20 nines
+      "123456789012345678901234",   // far past 64 bits
+      "17179869184G",               // 2^34 G = 2^64
+      "17592186044416M",            // 2^44 M = 2^64
+      "18014398509481984K",         // 2^54 K = 2^64
+      "18014398509481984KB",
+  };
+  for (const char* s : cases) {
+    SCOPED_TRACE(s);
+    size_t out = 12345;
+    EXPECT_FALSE(ParseSize(s, &out));
+    EXPECT_EQ(out, 12345u);
+  }
+}
+
+}  // namespace
+}  // namespace rdmalloc
