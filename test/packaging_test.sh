@@ -41,7 +41,7 @@ cat > "$tmp/embed.map" <<'MAP'
 { global: malloc; calloc; realloc; free; posix_memalign; aligned_alloc; memalign; valloc; pvalloc;
   malloc_usable_size; mallocx; rallocx; xallocx; sallocx; dallocx; sdallocx; nallocx; mallctl;
   mallctlnametomib; mallctlbymib; malloc_stats_print; malloc_message; malloc_conf; rdmalloc_*;
-  minimpi_*; extern "C++" { operator new*; operator delete*; }; local: *; };
+  minimpi_*; _Znw*; _Zna*; _Zdl*; _Zda*; local: *; };
 MAP
 gcc -fPIC -shared -o "$tmp/libminimpi.so" -I"$header_dir" "$tmp/embed.c" \
   -Wl,--whole-archive "$archive" -Wl,--no-whole-archive \
