@@ -88,7 +88,11 @@ inline long VmPinKbWhen(bool (*ok)(long kb, long want), long want) {
 // For settings that rdmalloc reads once at start-up.
 inline int RerunSelf(const std::string& test_name, std::vector<std::string> extra_env) {
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; e++) env.push_back(*e);
+  for (char** e = environ; *e != nullptr; e++) {
+    // The child must not overwrite the parent's test report.
+    if (strncmp(*e, "GTEST_OUTPUT=", 13) != 0 && strncmp(*e, "XML_OUTPUT_FILE=", 16) != 0)
+      env.push_back(*e);
+  }
   for (auto& e : extra_env) env.push_back(e);
   env.push_back("RDMALLOC_TEST_CHILD=1");
   std::vector<char*> envp;

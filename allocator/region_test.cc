@@ -1,0 +1,356 @@
+#include "allocator/region.h"
+#include "allocator/region_map.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace rdmalloc {
+namespace {
+
+// A PageMap with its own zeroed bitmap words.
+struct TestPages {
+  explicit TestPages(size_t n) : words(2 * PageMap::WordsFor(n), 0) { map.Init(words.data(), n); }
+  std::vector<uint64_t> words;
+  PageMap map;
+};
+
+TEST(PageMapTest, WordsFor) {
+  EXPECT_EQ(PageMap::WordsFor(0), 0u);
+  EXPECT_EQ(PageMap::WordsFor(1), 1u);
+  EXPECT_EQ(PageMap::WordsFor(64), 1u);
+  EXPECT_EQ(PageMap::WordsFor(65), 2u);
+  EXPECT_EQ(PageMap::WordsFor(512), 8u);
+}
+
+TEST(PageMapTest, FreshMapIsAllFree) {
+  TestPages t(200);  // not a multiple of 64: the last word is partial
+  PageMap& m = t.map;
+  EXPECT_EQ(m.npages(), 200u);
+  EXPECT_EQ(m.used_pages(), 0u);
+  EXPECT_TRUE(m.IsFree(0, 200));
+  EXPECT_FALSE(m.IsFree(0, 201));  // past the end
+  EXPECT_FALSE(m.IsFree(199, 2));
+  EXPECT_EQ(m.FindFree(1, 1, 0), 0u);
+  EXPECT_EQ(m.FindFree(200, 1, 0), 0u);
+  EXPECT_EQ(m.FindFree(201, 1, 0), 200u);  // larger than the map: none
+}
+
+TEST(PageMapTest, TakeAndGiveTrackUsage) {
+  TestPages t(200);
+  PageMap& m = t.map;
+  m.Take(10, 20);
+  EXPECT_EQ(m.used_pages(), 20u);
+  EXPECT_FALSE(m.IsFree(10, 20));
+  EXPECT_FALSE(m.IsFree(29, 1));
+  EXPECT_FALSE(m.IsFree(0, 11));
+  EXPECT_TRUE(m.IsFree(0, 10));
+  EXPECT_TRUE(m.IsFree(30, 170));
+  EXPECT_EQ(m.FindFree(10, 1, 0), 0u);
+  EXPECT_EQ(m.FindFree(11, 1, 0), 30u);  // [0,10) is too small
+  m.Give(10, 20, false);
+  EXPECT_EQ(m.used_pages(), 0u);
+  EXPECT_TRUE(m.IsFree(0, 200));
+  EXPECT_EQ(m.FindFree(200, 1, 0), 0u);
+}
+
+TEST(PageMapTest, DirtyTracking) {
+  TestPages t(256);
+  PageMap& m = t.map;
+  EXPECT_FALSE(m.Take(0, 100));  // never used: clean
+  m.Give(0, 100, /*purged=*/false);
+  EXPECT_TRUE(m.Take(0, 100));  // given back unpurged: dirty
+  m.Give(0, 100, /*purged=*/true);
+  EXPECT_FALSE(m.Take(0, 100));  // purged: clean again
+  m.Give(0, 100, /*purged=*/false);
+
+  // Purge only [0,50): [50,100) stays dirty, one dirty page taints a run.
+  EXPECT_TRUE(m.Take(0, 50));
+  m.Give(0, 50, /*purged=*/true);
+  EXPECT_FALSE(m.Take(0, 50));
+  EXPECT_TRUE(m.Take(99, 1));
+  EXPECT_FALSE(m.Take(100, 28));
+  m.Give(100, 28, false);
+  EXPECT_TRUE(m.Take(100, 28));
+  EXPECT_TRUE(m.Take(50, 49));
+  EXPECT_FALSE(m.Take(128, 128));  // across word boundaries, never used
+  EXPECT_EQ(m.used_pages(), 256u);
+}
+
+TEST(PageMapTest, DirtyAcrossWordBoundary) {
+  TestPages t(192);
+  PageMap& m = t.map;
+  m.Take(63, 2);  // last bit of word 0, first of word 1
+  m.Give(63, 1, true);
+  m.Give(64, 1, false);
+  EXPECT_FALSE(m.Take(63, 1));
+  m.Give(63, 1, true);
+  EXPECT_TRUE(m.Take(60, 10));  // only page 64 is dirty
+  m.Give(60, 10, true);
+  EXPECT_FALSE(m.Take(0, 192));
+}
+
+TEST(PageMapTest, FindFreeAlignmentAndSkew) {
+  TestPages t(2048);
+  PageMap& m = t.map;
+  m.Take(0, 1);
+  EXPECT_EQ(m.FindFree(1, 1, 0), 1u);
+  EXPECT_EQ(m.FindFree(1, 2, 0), 2u);
+  EXPECT_EQ(m.FindFree(1, 4, 0), 4u);
+  EXPECT_EQ(m.FindFree(1, 4, 1), 3u);  // (3 + 1) % 4 == 0
+  EXPECT_EQ(m.FindFree(1, 4, 3), 1u);  // (1 + 3) % 4 == 0
+  EXPECT_EQ(m.FindFree(4, 512, 0), 512u);
+  EXPECT_EQ(m.FindFree(1, 512, 511), 1u);
+  EXPECT_EQ(m.FindFree(1, 512, 1), 511u);
+  EXPECT_EQ(m.FindFree(1024, 1024, 0), 1024u);
+  EXPECT_EQ(m.FindFree(1025, 1024, 0), 2048u);  // would run past the end
+  // A used page inside the first aligned candidate pushes it to the next one.
+  m.Take(514, 1);
+  EXPECT_EQ(m.FindFree(4, 512, 0), 1024u);
+  EXPECT_EQ(m.FindFree(2, 512, 0), 512u);  // [512,514) still fits
+  EXPECT_EQ(m.FindFree(4, 4, 0), 4u);
+}
+
+TEST(PageMapTest, FindFreeSkipsFullWordsAndSpansWords) {
+  TestPages t(300);
+  PageMap& m = t.map;
+  m.Take(0, 128);
+  EXPECT_EQ(m.FindFree(1, 1, 0), 128u);
+  m.Take(128, 60);  // used: [0,188)
+  m.Take(198, 1);   // free: [188,198), [199,300)
+  EXPECT_EQ(m.FindFree(10, 1, 0), 188u);
+  EXPECT_EQ(m.FindFree(11, 1, 0), 199u);
+  EXPECT_EQ(m.FindFree(101, 1, 0), 199u);
+  EXPECT_EQ(m.FindFree(102, 1, 0), 300u);
+  EXPECT_EQ(m.FindFree(8, 64, 0), 256u);
+}
+
+TEST(PageMapTest, FullMapFindsNothing) {
+  TestPages t(130);
+  PageMap& m = t.map;
+  m.Take(0, 130);
+  EXPECT_EQ(m.used_pages(), 130u);
+  EXPECT_EQ(m.FindFree(1, 1, 0), 130u);
+  m.Give(129, 1, true);
+  EXPECT_EQ(m.FindFree(1, 1, 0), 129u);
+  EXPECT_EQ(m.FindFree(1, 2, 0), 130u);  // 129 is odd
+  EXPECT_EQ(m.FindFree(1, 2, 1), 129u);
+}
+
+// Reference model: one bool per page.
+struct Model {
+  explicit Model(size_t n) : used(n, false), dirty(n, false) {}
+  std::vector<bool> used, dirty;
+  size_t npages() const { return used.size(); }
+  size_t used_pages() const {
+    size_t c = 0;
+    for (bool b : used) c += b;
+    return c;
+  }
+  bool IsFree(size_t first, size_t n) const {
+    if (first + n > npages()) return false;
+    for (size_t i = first; i < first + n; i++)
+      if (used[i]) return false;
+    return true;
+  }
+  // Linear: free_run[p] = free pages starting at p.
+  size_t FindFree(size_t n, size_t align, size_t skew) const {
+    std::vector<size_t> free_run(npages() + 1, 0);
+    for (size_t p = npages(); p-- > 0;) free_run[p] = used[p] ? 0 : free_run[p + 1] + 1;
+    for (size_t p = 0; p + n <= npages(); p++)
+      if ((p + skew) % align == 0 && free_run[p] >= n) return p;
+    return npages();
+  }
+  bool Take(size_t first, size_t n) {
+    bool d = false;
+    for (size_t i = first; i < first + n; i++) {
+      d = d || dirty[i];
+      used[i] = dirty[i] = true;
+    }
+    return d;
+  }
+  void Give(size_t first, size_t n, bool purged) {
+    for (size_t i = first; i < first + n; i++) {
+      used[i] = false;
+      if (purged) dirty[i] = false;
+    }
+  }
+};
+
+void RunRandom(size_t npages, uint64_t seed, int steps) {
+  SCOPED_TRACE("npages=" + std::to_string(npages) + " seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto rnd = [&](size_t lo, size_t hi) {  // inclusive
+    return std::uniform_int_distribution<size_t>(lo, hi)(rng);
+  };
+  TestPages t(npages);
+  PageMap& m = t.map;
+  Model model(npages);
+  for (int step = 0; step < steps; step++) {
+    SCOPED_TRACE("step=" + std::to_string(step));
+    size_t align = size_t{1} << rnd(0, 9);  // 1..512 pages
+    size_t skew = rnd(0, 3) == 0 ? rnd(0, 2 * align) : rnd(0, align - 1);
+    // Mostly small runs, sometimes large ones, so the map fills and drains.
+    size_t n = rnd(0, 4) == 0 ? rnd(1, npages) : rnd(1, 16 < npages ? 16 : npages);
+    size_t want = model.FindFree(n, align, skew);
+    ASSERT_EQ(m.FindFree(n, align, skew), want) << "n=" << n << " align=" << align << " skew=" << skew;
+    int op = static_cast<int>(rnd(0, 9));
+    if (op < 5 && want < npages) {
+      // Take the run we found.
+      ASSERT_EQ(m.Take(want, n), model.Take(want, n)) << "Take(" << want << "," << n << ")";
+    } else if (op < 9) {
+      // Give back a used run starting at a random used page.
+      size_t p = rnd(0, npages - 1);
+      while (p < npages && !model.used[p]) p++;
+      if (p < npages) {
+        size_t len = 1, max = rnd(1, 64);
+        while (len < max && p + len < npages && model.used[p + len]) len++;
+        bool purged = rnd(0, 1) == 1;
+        m.Give(p, len, purged);
+        model.Give(p, len, purged);
+      }
+    }
+    ASSERT_EQ(m.used_pages(), model.used_pages());
+    size_t first = rnd(0, npages);
+    size_t len = rnd(0, npages - first + 1);  // may run one past the end
+    ASSERT_EQ(m.IsFree(first, len), model.IsFree(first, len)) << first << "+" << len;
+  }
+  // The dirty bits agree too: taking every page reports dirt iff the model has some.
+  for (size_t p = 0; p < npages; p++) {
+    if (!model.used[p]) {
+      SCOPED_TRACE("final take of page " + std::to_string(p));
+      ASSERT_EQ(m.Take(p, 1), model.Take(p, 1));
+    }
+  }
+  ASSERT_EQ(m.used_pages(), npages);
+  ASSERT_EQ(m.FindFree(1, 1, 0), npages);
+}
+
+TEST(PageMapTest, RandomAgainstModel) {
+  const size_t sizes[] = {1, 2, 63, 64, 65, 200, 513, 1024, 1500, 4096};
+  uint64_t seed = 1;
+  for (size_t n : sizes) {
+    for (int rep = 0; rep < 3; rep++) RunRandom(n, seed++, 3000);
+  }
+}
+
+// --- RegionMap ---
+
+constexpr uintptr_t kLeafSpan = uintptr_t{1} << 34;  // 2^13 chunks of 2 MiB per leaf
+constexpr uintptr_t kTop = uintptr_t{1} << 47;
+
+class RegionMapTest : public ::testing::Test {
+ protected:
+  // 64 KiB of top-level table: keep it off the stack.
+  std::unique_ptr<RegionMap> map_ = std::make_unique<RegionMap>();
+  Region a_, b_, c_;
+};
+
+TEST_F(RegionMapTest, EmptyMapFindsNothing) {
+  for (uintptr_t addr : {uintptr_t{0}, uintptr_t{4096}, uintptr_t{1} << 30, kTop - 1, kTop,
+                         ~uintptr_t{0}}) {
+    EXPECT_EQ(map_->Find(addr), nullptr) << std::hex << addr;
+  }
+}
+
+TEST_F(RegionMapTest, SetFindClear) {
+  const uintptr_t base = 10 * kChunkSize;
+  ASSERT_TRUE(map_->Set(base, 3 * kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(base), &a_);
+  EXPECT_EQ(map_->Find(base + 12345), &a_);
+  EXPECT_EQ(map_->Find(base + kChunkSize), &a_);
+  EXPECT_EQ(map_->Find(base + 3 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Find(base - 1), nullptr);
+  EXPECT_EQ(map_->Find(base + 3 * kChunkSize), nullptr);
+  // Same leaf, chunk never set.
+  EXPECT_EQ(map_->Find(100 * kChunkSize), nullptr);
+
+  map_->Clear(base, 3 * kChunkSize);
+  EXPECT_EQ(map_->Find(base), nullptr);
+  EXPECT_EQ(map_->Find(base + 3 * kChunkSize - 1), nullptr);
+}
+
+TEST_F(RegionMapTest, PartialChunkSizeCoversWholeChunks) {
+  const uintptr_t base = 4 * kChunkSize;
+  ASSERT_TRUE(map_->Set(base, kChunkSize + 1, &a_));
+  EXPECT_EQ(map_->Find(base + 2 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Find(base + 2 * kChunkSize), nullptr);
+}
+
+TEST_F(RegionMapTest, AdjacentRegionsAndPartialClear) {
+  const uintptr_t base = 64 * kChunkSize;
+  ASSERT_TRUE(map_->Set(base, 2 * kChunkSize, &a_));
+  ASSERT_TRUE(map_->Set(base + 2 * kChunkSize, 2 * kChunkSize, &b_));
+  EXPECT_EQ(map_->Find(base + 2 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Find(base + 2 * kChunkSize), &b_);
+  map_->Clear(base + 2 * kChunkSize, kChunkSize);  // first chunk of b only
+  EXPECT_EQ(map_->Find(base + kChunkSize), &a_);
+  EXPECT_EQ(map_->Find(base + 2 * kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(base + 3 * kChunkSize), &b_);
+  // Overwriting a chunk replaces its region.
+  ASSERT_TRUE(map_->Set(base, kChunkSize, &c_));
+  EXPECT_EQ(map_->Find(base), &c_);
+  EXPECT_EQ(map_->Find(base + kChunkSize), &a_);
+}
+
+TEST_F(RegionMapTest, DifferentLeaves) {
+  const uintptr_t x = 3 * kLeafSpan + 5 * kChunkSize;
+  const uintptr_t y = 700 * kLeafSpan + 5 * kChunkSize;  // same slot index, other leaf
+  ASSERT_TRUE(map_->Set(x, kChunkSize, &a_));
+  ASSERT_TRUE(map_->Set(y, kChunkSize, &b_));
+  EXPECT_EQ(map_->Find(x), &a_);
+  EXPECT_EQ(map_->Find(y), &b_);
+  EXPECT_EQ(map_->Find(5 * kChunkSize), nullptr);  // same slot in leaf 0 (unmapped)
+  EXPECT_EQ(map_->Find(4 * kLeafSpan + 5 * kChunkSize), nullptr);
+  map_->Clear(x, kChunkSize);
+  EXPECT_EQ(map_->Find(x), nullptr);
+  EXPECT_EQ(map_->Find(y), &b_);
+}
+
+TEST_F(RegionMapTest, RegionStraddlingALeafBoundary) {
+  const uintptr_t base = 9 * kLeafSpan - 2 * kChunkSize;
+  ASSERT_TRUE(map_->Set(base, 4 * kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(base), &a_);
+  EXPECT_EQ(map_->Find(9 * kLeafSpan - 1), &a_);
+  EXPECT_EQ(map_->Find(9 * kLeafSpan), &a_);
+  EXPECT_EQ(map_->Find(9 * kLeafSpan + 2 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Find(9 * kLeafSpan + 2 * kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(base - 1), nullptr);
+  map_->Clear(base, 4 * kChunkSize);
+  EXPECT_EQ(map_->Find(base), nullptr);
+  EXPECT_EQ(map_->Find(9 * kLeafSpan), nullptr);
+}
+
+TEST_F(RegionMapTest, HighAddresses) {
+  const uintptr_t last = kTop - kChunkSize;  // the last chunk of user space
+  ASSERT_TRUE(map_->Set(last - kChunkSize, 2 * kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(last - kChunkSize), &a_);
+  EXPECT_EQ(map_->Find(kTop - 1), &a_);
+  EXPECT_EQ(map_->Find(kTop), nullptr);
+  EXPECT_EQ(map_->Find(kTop + kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(~uintptr_t{0}), nullptr);
+  map_->Clear(last - kChunkSize, 2 * kChunkSize);
+  EXPECT_EQ(map_->Find(kTop - 1), nullptr);
+}
+
+TEST_F(RegionMapTest, RangePastUserSpaceIsRejectedAndLeftUnset) {
+  const uintptr_t base = kTop - kChunkSize;
+  EXPECT_FALSE(map_->Set(base, 2 * kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(base), nullptr);
+  EXPECT_FALSE(map_->Set(kTop, kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(kTop), nullptr);
+}
+
+TEST_F(RegionMapTest, ClearOfUnmappedLeafIsHarmless) {
+  map_->Clear(1000 * kLeafSpan, 8 * kChunkSize);
+  EXPECT_EQ(map_->Find(1000 * kLeafSpan), nullptr);
+  ASSERT_TRUE(map_->Set(1000 * kLeafSpan, kChunkSize, &a_));
+  EXPECT_EQ(map_->Find(1000 * kLeafSpan), &a_);
+}
+
+}  // namespace
+}  // namespace rdmalloc
