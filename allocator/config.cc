@@ -8,9 +8,15 @@ namespace {
 
 void Warn(void (*warn)(const char*), const char* name, const char* value, const char* accepted,
           const char* used) {
+  // One line, whatever the value holds: control characters become '?'.
+  char shown[128];
+  size_t n = 0;
+  for (; value[n] != '\0' && n < sizeof shown - 1; n++)
+    shown[n] = (value[n] >= ' ' && value[n] != 127) ? value[n] : '?';
+  shown[n] = '\0';
   char line[512];
   snprintf(line, sizeof line, "rdmalloc: %s=\"%s\" is not valid (accepted: %s); using %s", name,
-           value, accepted, used);
+           shown, accepted, used);
   warn(line);
 }
 
@@ -27,8 +33,9 @@ bool ParseSize(const char* s, size_t* out) {
   if (s == nullptr || *s < '0' || *s > '9') return false;
   unsigned long long v = 0;
   for (; *s >= '0' && *s <= '9'; s++) {
-    if (v > (~0ull - 9) / 10) return false;
-    v = v * 10 + static_cast<unsigned>(*s - '0');
+    unsigned digit = static_cast<unsigned>(*s - '0');
+    if (v > (~0ull - digit) / 10) return false;
+    v = v * 10 + digit;
   }
   unsigned shift = 0;
   switch (*s) {

@@ -244,6 +244,7 @@ TEST(ParseSizeTest, AcceptsNumbersWithOptionalSuffix) {
       {"0K", 0},
       {"007", 7},
       {"18446744073709551609", 18446744073709551609ull},
+      {"18446744073709551615", 18446744073709551615ull},  // UINT64_MAX fits
       {"17179869183G", ((size_t{1} << 34) - 1) << 30},  // largest G value that fits
   };
   for (const SizeCase& sc : cases) {
@@ -286,6 +287,24 @@ TEST(ParseSizeTest, RejectsOverflow) {
     EXPECT_FALSE(ParseSize(s, &out));
     EXPECT_EQ(out, 12345u);
   }
+}
+
+}  // namespace
+}  // namespace rdmalloc
+
+namespace rdmalloc {
+namespace {
+
+TEST(ConfigWarning, ControlCharactersInAValueStayOnOneLine) {
+  static const char* value = "eag\ner";
+  std::vector<std::string> lines;
+  static std::vector<std::string>* sink;
+  sink = &lines;
+  ParseConfig([](const char* n) -> const char* { return strcmp(n, "RDMALLOC_REGISTER") ? nullptr : value; },
+              [](const char* l) { sink->push_back(l); });
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].find('\n'), std::string::npos);
+  EXPECT_NE(lines[0].find("eag?er"), std::string::npos);
 }
 
 }  // namespace

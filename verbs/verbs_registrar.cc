@@ -87,12 +87,15 @@ class VerbsRegistrar final : public Registrar {
     for (int i = 0; i < n && chosen == nullptr; i++) {
       if (device_.empty() || device_ == api_.get_device_name(list[i])) chosen = list[i];
     }
+    errno = 0;
     ibv_context* ctx = chosen != nullptr ? api_.open_device(chosen) : nullptr;
+    int open_err = errno;
     api_.free_device_list(list);
     if (ctx == nullptr) {
-      *err = chosen == nullptr ? ENODEV : (errno != 0 ? errno : EIO);
+      *err = chosen == nullptr ? ENODEV : (open_err != 0 ? open_err : EIO);
       return nullptr;
     }
+    errno = 0;
     ibv_pd* own_pd = api_.alloc_pd(ctx);
     if (own_pd == nullptr) {
       *err = errno != 0 ? errno : EIO;
