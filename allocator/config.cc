@@ -9,12 +9,12 @@ namespace {
 void Warn(void (*warn)(const char*), const char* name, const char* value, const char* accepted,
           const char* used) {
   // One line, whatever the value holds: control characters become '?'.
-  char shown[128];
+  char shown[320];
   size_t n = 0;
   for (; value[n] != '\0' && n < sizeof shown - 1; n++)
     shown[n] = (value[n] >= ' ' && value[n] != 127) ? value[n] : '?';
   shown[n] = '\0';
-  char line[512];
+  char line[640];
   snprintf(line, sizeof line, "rdmalloc: %s=\"%s\" is not valid (accepted: %s); using %s", name,
            shown, accepted, used);
   warn(line);

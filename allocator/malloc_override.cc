@@ -24,7 +24,7 @@ namespace {
 pthread_t g_init_thread;
 
 void WarnLine(const char* line) {
-  char buf[600];
+  char buf[700];
   size_t n = strlen(line);
   if (n > sizeof buf - 1) n = sizeof buf - 1;
   memcpy(buf, line, n);
