@@ -65,6 +65,10 @@ Config ParseConfig(EnvFn env, void (*warn)(const char*)) {
     if (!CopyString(v, c.device, sizeof c.device))
       Warn(warn, "RDMALLOC_DEVICE", v, "a device name of 1 to 63 characters", "the first device");
   }
+  if (const char* v = env("RDMALLOC_VERBS_LIBRARY")) {
+    if (!CopyString(v, c.verbs_library, sizeof c.verbs_library))
+      Warn(warn, "RDMALLOC_VERBS_LIBRARY", v, "a path of 1 to 255 characters", "libibverbs.so.1");
+  }
   if (const char* v = env("RDMALLOC_REGION_SIZE")) {
     size_t s = 0;
     if (!ParseSize(v, &s) || s < kMinRegionSize || s > kMaxRegionSize) {

@@ -14,6 +14,7 @@ enum class StatsMode { kOff, kText, kJson };
 struct Config {
   BackendChoice backend = BackendChoice::kAuto;
   char device[64] = {};
+  char verbs_library[256] = {};  // libibverbs to load; empty: libibverbs.so.1
   size_t region_size = size_t{32} << 20;  // growth limit of a region
   RegisterMode register_mode = RegisterMode::kLazy;
   StatsMode stats = StatsMode::kOff;

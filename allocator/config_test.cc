@@ -31,6 +31,7 @@ constexpr size_t kG = size_t{1} << 30;
 void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.backend, b.backend);
   EXPECT_STREQ(a.device, b.device);
+  EXPECT_STREQ(a.verbs_library, b.verbs_library);
   EXPECT_EQ(a.region_size, b.region_size);
   EXPECT_EQ(a.register_mode, b.register_mode);
   EXPECT_EQ(a.stats, b.stats);
@@ -65,7 +66,7 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
   Parse();
   std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
-                                "RDMALLOC_VERBOSE"};
+                                "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY"};
   EXPECT_EQ(g_asked, want);
 }
 
@@ -107,6 +108,9 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_STATS_FILE", "/tmp/rdmalloc.stats", stats_file);
   add("RDMALLOC_STATS_FILE", "-", stats_file);
   add("RDMALLOC_STATS_FILE", "/" + std::string(254, 'f'), stats_file);  // 255: longest that fits
+  auto verbs_library = [](Config* c, const std::string& s) { strcpy(c->verbs_library, s.c_str()); };
+  add("RDMALLOC_VERBS_LIBRARY", "/opt/rdma-core/lib/libibverbs.so.1", verbs_library);
+  add("RDMALLOC_VERBS_LIBRARY", "/" + std::string(254, 'v'), verbs_library);  // 255: longest that fits
   add("RDMALLOC_VERBOSE", "0", [](Config* c, const std::string&) { c->verbose = 0; });
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
@@ -161,6 +165,8 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_STATS", "JSON", "0"},
       {"RDMALLOC_STATS_FILE", "", "stderr"},
       {"RDMALLOC_STATS_FILE", "/" + std::string(255, 'f'), "stderr"},  // 256 characters
+      {"RDMALLOC_VERBS_LIBRARY", "", "libibverbs.so.1"},
+      {"RDMALLOC_VERBS_LIBRARY", "/" + std::string(255, 'v'), "libibverbs.so.1"},  // 256 characters
       {"RDMALLOC_VERBOSE", "", "0"},
       {"RDMALLOC_VERBOSE", "3", "0"},
       {"RDMALLOC_VERBOSE", "-1", "0"},
@@ -271,6 +277,14 @@ TEST(ParseSizeTest, RejectsGarbageAndLeavesOutputAlone) {
   EXPECT_EQ(out, 12345u);
 }
 
+TEST_F(ConfigTest, ControlCharactersInAValueStayOnOneLine) {
+  g_env["RDMALLOC_REGISTER"] = "eag\ner";
+  Parse();
+  ASSERT_EQ(g_warnings.size(), 1u);
+  EXPECT_EQ(g_warnings[0].find('\n'), std::string::npos);
+  EXPECT_NE(g_warnings[0].find("RDMALLOC_REGISTER=\"eag?er\""), std::string::npos);
+}
+
 TEST(ParseSizeTest, RejectsOverflow) {
   const char* cases[] = {
       "18446744073709551616",       // 2^64
@@ -287,24 +301,6 @@ TEST(ParseSizeTest, RejectsOverflow) {
     EXPECT_FALSE(ParseSize(s, &out));
     EXPECT_EQ(out, 12345u);
   }
-}
-
-}  // namespace
-}  // namespace rdmalloc
-
-namespace rdmalloc {
-namespace {
-
-TEST(ConfigWarning, ControlCharactersInAValueStayOnOneLine) {
-  static const char* value = "eag\ner";
-  std::vector<std::string> lines;
-  static std::vector<std::string>* sink;
-  sink = &lines;
-  ParseConfig([](const char* n) -> const char* { return strcmp(n, "RDMALLOC_REGISTER") ? nullptr : value; },
-              [](const char* l) { sink->push_back(l); });
-  ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0].find('\n'), std::string::npos);
-  EXPECT_NE(lines[0].find("eag?er"), std::string::npos);
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ int Heap::EnsureBackend() {
   if (backend_ready_.load(std::memory_order_relaxed)) return backend_err_;
   if (g_kind == BackendKind::kVerbs) {
     VerbsApi api;
-    if (LoadVerbsApi(&api) == 0) {
+    if (LoadVerbsApi(config_.verbs_library, &api) == 0) {
       registrar_ = MakeVerbsRegistrar(api, config_.device).release();
     } else {
       g_kind = UringProbe() == 0 ? BackendKind::kUring : BackendKind::kNone;
@@ -162,7 +162,7 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
       size_t best_free = SIZE_MAX;
       for (Region* c = regions_; c != nullptr; c = c->next) {
         size_t free_pages = c->pages.npages() - c->pages.used_pages();
-        if (free_pages < n || free_pages >= best_free) continue;
+        if (c->dedicated || free_pages < n || free_pages >= best_free) continue;
         size_t skew = (c->begin() >> kPageShift) & (align - 1);
         size_t at = c->pages.FindFree(n, align, skew);
         if (at < c->pages.npages()) {
@@ -226,6 +226,7 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
   r->page_words_bytes = words_bytes;
   r->pages.Init(r->page_words, npages);
   r->next = nullptr;
+  r->dedicated = size > config_.region_size;
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   if (config_.register_mode == RegisterMode::kEager &&

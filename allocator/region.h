@@ -71,6 +71,9 @@ struct Region {
   uint64_t* page_words = nullptr;
   size_t page_words_bytes = 0;
   Region* next = nullptr;  // heap's address-ordered list, or free/pending list
+  // Made for one request larger than any shared region: no other extent is
+  // placed in it (only in-place growth), so it is released when that one is.
+  bool dedicated = false;
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).

@@ -118,8 +118,9 @@ bool Bind(void* lib, const char* name, F* fn) {
 
 }  // namespace
 
-int LoadVerbsApi(VerbsApi* api) {
-  void* lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+int LoadVerbsApi(const char* library, VerbsApi* api) {
+  if (library == nullptr || library[0] == '\0') library = "libibverbs.so.1";
+  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) return ENOENT;
   bool ok = Bind(lib, "ibv_get_device_list", &api->get_device_list) &&
             Bind(lib, "ibv_free_device_list", &api->free_device_list) &&

@@ -27,8 +27,9 @@ struct VerbsApi {
   int (*dereg_mr)(ibv_mr* mr) = nullptr;
 };
 
-// Fills *api from libibverbs.so.1. Returns 0 or an errno (ENOENT: not installed).
-int LoadVerbsApi(VerbsApi* api);
+// Fills *api from `library` (nullptr or empty: libibverbs.so.1). Returns 0 or
+// an errno (ENOENT: not installed, ENOSYS: an entry point is missing).
+int LoadVerbsApi(const char* library, VerbsApi* api);
 
 // Number of RDMA devices the kernel exposes, read from sysfs without
 // allocating (safe while malloc is being initialised).
