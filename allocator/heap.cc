@@ -238,7 +238,19 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
     Unlock(r, /*in_hook=*/true);
   }
   SpinLockGuard g(heap_lock_);
-  map_.Set(r->begin(), bytes, r);
+  if (!map_.Set(r->begin(), bytes, r)) {
+    // No memory for a map leaf: unfindable memory must not be handed out.
+    r->seq.fetch_add(1);
+    r->reg_lock.Lock();
+    for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
+    r->reg_lock.Unlock();
+    munmap(mem, bytes);
+    munmap(r->page_words, r->page_words_bytes);
+    r->page_words = nullptr;
+    r->next = free_descriptors_;
+    free_descriptors_ = r;
+    return nullptr;
+  }
   Region** link = &regions_;
   while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
   r->next = *link;

@@ -99,6 +99,54 @@ TEST(Lifecycle, CallocOfReusedRegisteredMemoryIsZero) {
   }
 }
 
+// An io_uring buffer holds at most 1 GiB: a larger region takes consecutive
+// slots, keys advance by one per GiB, and a transfer may cross the boundary.
+TEST(Lifecycle, RegionLargerThanOneIoUringBuffer) {
+  const size_t gib = size_t{1} << 30, n = gib + (gib >> 2);
+  auto* p = static_cast<uint8_t*>(malloc(n));
+  ASSERT_NE(p, nullptr);
+  rdmalloc_keys low, high;
+  ASSERT_EQ(rdmalloc_lookup(p, 4096, nullptr, &low), RDMALLOC_OK);
+  size_t into_second = reinterpret_cast<uintptr_t>(low.region_base) + gib - reinterpret_cast<uintptr_t>(p);
+  ASSERT_EQ(rdmalloc_lookup(p + into_second, 4096, nullptr, &high), RDMALLOC_OK);
+  EXPECT_EQ(high.lkey, low.lkey + 1);
+  EXPECT_EQ(high.region_base, low.region_base);
+  EXPECT_GE(low.region_len, n);
+  // 1 MiB straddling the two buffers, both directions.
+  EXPECT_TRUE(CheckPageIdentity(p, n, into_second - (512 << 10), 1 << 20, 41).ok);
+  free(p);
+  ForceDecay();
+}
+
+// An unregistered region gives freed pages back to the OS, as jemalloc
+// would: programs that never send a buffer keep jemalloc's footprint.
+TEST(Lifecycle, FreedPagesOfAnUnregisteredRegionAreReturned) {
+  auto rss_kb = [] {
+    FILE* f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f != nullptr && fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
+    if (f != nullptr) fclose(f);
+    return resident * 4;
+  };
+  ForceDecay();
+  // Medium buffers that share regions (each smaller than a region) and are
+  // never looked up.
+  std::vector<void*> bufs;
+  for (int i = 0; i < 24; i++) {
+    void* b = malloc(size_t{5} << 20);
+    memset(b, 1, size_t{5} << 20);
+    bufs.push_back(b);
+  }
+  long full = rss_kb();
+  void* keep = malloc(64);  // keeps at least one region partly used
+  for (void* b : bufs) free(b);
+  ForceDecay();
+  long after = rss_kb();
+  printf("RSS %ld kB with 120 MiB live, %ld kB after free + decay\n", full, after);
+  EXPECT_LT(after, full - 100 * kMiB);
+  free(keep);
+}
+
 // On the uring backend a "pd" is a token with its own pinning ring.
 TEST(Domains, AddMakesTheExistingHeapAvailableRemoveDeregisters) {
   void* p = malloc(size_t{4} << 20);

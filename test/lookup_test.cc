@@ -2,7 +2,10 @@
 // through rdmalloc_lookup to registered keys; everything else gets the right,
 // distinct error.
 #include <gtest/gtest.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -114,6 +117,34 @@ TEST(Lookup, HitPathGivesTheSameKeysAgain) {
   EXPECT_EQ(a.lkey, b.lkey);
   EXPECT_EQ(a.rkey, b.rkey);
   EXPECT_EQ(a.region_base, b.region_base);
+  free(p);
+}
+
+// The hit path's promise, checked by the kernel: in a child under strict
+// seccomp (only read/write/exit allowed) any system call kills it; jemalloc's
+// per-thread byte counter shows any allocation.
+TEST(Lookup, HitPathMakesNoSystemCallAndAllocatesNothing) {
+  void* p = malloc(4096);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rdmalloc_keys k;
+    // The child forgot the parent's registrations: register here first.
+    if (rdmalloc_lookup(p, 4096, nullptr, &k) != RDMALLOC_OK) syscall(SYS_exit, 2);
+    uint64_t* allocated = nullptr;
+    size_t len = sizeof allocated;
+    if (mallctl("thread.allocatedp", &allocated, &len, nullptr, 0) != 0) syscall(SYS_exit, 3);
+    uint64_t before = *allocated;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT) != 0) syscall(SYS_exit, 4);
+    int bad = 0;
+    for (int i = 0; i < 10000; i++) bad += rdmalloc_lookup(p, 4096, nullptr, &k) != RDMALLOC_OK;
+    syscall(SYS_exit, bad != 0 ? 5 : *allocated != before ? 6 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "killed by signal " << WTERMSIG(status)
+                                    << ": the hit path made a system call";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: setup lookup, 5: hit lookups failed, 6: allocated";
   free(p);
 }
 
