@@ -132,10 +132,9 @@ Region* Heap::RegionOf(const void* addr, size_t size) const {
   return r;
 }
 
-bool Heap::CarveLocked(Region* r, size_t first, size_t n, bool* dirty) {
-  *dirty = r->pages.Take(first, n);
+bool Heap::CarveLocked(Region* r, size_t first, size_t n) {
   pages_in_use_.fetch_add(n, std::memory_order_relaxed);
-  return true;
+  return r->pages.Take(first, n);
 }
 
 void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zero) {
@@ -154,7 +153,7 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
       if (r == nullptr || a % (align << kPageShift) != 0) return nullptr;
       first = (a - r->begin()) >> kPageShift;
       if (!r->pages.IsFree(first, n)) return nullptr;
-      CarveLocked(r, first, n, &dirty);
+      dirty = CarveLocked(r, first, n);
     } else {
       // Fullest region that fits: busy regions pack tighter and nearly
       // empty ones drain, so they can be released (a region is only released
@@ -171,7 +170,7 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
           best_free = free_pages;
         }
       }
-      if (r != nullptr) CarveLocked(r, first, n, &dirty);
+      if (r != nullptr) dirty = CarveLocked(r, first, n);
     }
   }
   if (r == nullptr && new_addr == nullptr) {
@@ -237,28 +236,25 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
     }
     Unlock(r, /*in_hook=*/true);
   }
-  SpinLockGuard g(heap_lock_);
+  heap_lock_.Lock();
   if (!map_.Set(r->begin(), bytes, r)) {
-    // No memory for a map leaf: unfindable memory must not be handed out.
+    // No memory for a map leaf: memory nobody can find must not be handed out.
+    heap_lock_.Unlock();
     r->seq.fetch_add(1);
     r->reg_lock.Lock();
     for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
     r->reg_lock.Unlock();
     munmap(mem, bytes);
-    munmap(r->page_words, r->page_words_bytes);
-    r->page_words = nullptr;
-    r->next = free_descriptors_;
-    free_descriptors_ = r;
+    Recycle(r);
     return nullptr;
   }
   Region** link = &regions_;
   while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
   r->next = *link;
   *link = r;
-  size_t n = size >> kPageShift;
-  bool dirty;
-  CarveLocked(r, 0, n, &dirty);
+  CarveLocked(r, 0, size >> kPageShift);  // fresh pages: clean
   if (next_region_bytes_ < config_.region_size) next_region_bytes_ *= 2;
+  heap_lock_.Unlock();
   regions_created_.fetch_add(1, std::memory_order_relaxed);
   bytes_mapped_.fetch_add(bytes, std::memory_order_relaxed);
   return r;

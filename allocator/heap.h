@@ -79,7 +79,8 @@ class Heap {
   }
 
   // Page heap (heap_lock_ held).
-  bool CarveLocked(Region* r, size_t first, size_t n, bool* dirty);
+  // Hands pages to jemalloc; returns whether any of them may be non-zero.
+  bool CarveLocked(Region* r, size_t first, size_t n);
   Region* NewRegion(size_t bytes, size_t alignment);
   void Recycle(Region* r);
 
