@@ -1,5 +1,6 @@
 // RDMALLOC_* settings, read once while malloc initialises: no allocation, and
 // every bad value is reported in one line and replaced by the default.
+// docs/TUNING.md is the reference for every variable.
 #ifndef RDMALLOC_ALLOCATOR_CONFIG_H_
 #define RDMALLOC_ALLOCATOR_CONFIG_H_
 
@@ -11,12 +12,27 @@ enum class BackendChoice { kAuto, kVerbs, kUring, kNone };
 enum class RegisterMode { kLazy, kEager };
 enum class StatsMode { kOff, kText, kJson };
 
+// Access bits, the values of enum ibv_access_flags.
+constexpr int kAccessLocalWrite = 1;
+constexpr int kAccessRemoteWrite = 2;
+constexpr int kAccessRemoteRead = 4;
+constexpr int kAccessRemoteAtomic = 8;
+constexpr int kAccessRelaxedOrdering = 1 << 20;
+constexpr int kDefaultAccess = kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteWrite;
+
+constexpr size_t kNoPinLimit = ~size_t{0};
+constexpr long kDecayUnset = -2;  // keep jemalloc's own dirty_decay_ms
+constexpr long kMaxDecayMs = 86400000;
+
 struct Config {
   BackendChoice backend = BackendChoice::kAuto;
   char device[64] = {};
   char verbs_library[256] = {};  // libibverbs to load; empty: libibverbs.so.1
-  size_t region_size = size_t{32} << 20;  // growth limit of a region
+  size_t region_size = size_t{32} << 20;  // growth limit of a shared region
   RegisterMode register_mode = RegisterMode::kLazy;
+  int access = kDefaultAccess;  // of the default domain
+  size_t max_pinned = kNoPinLimit;  // bytes registered, summed over domains
+  long decay_ms = kDecayUnset;
   StatsMode stats = StatsMode::kOff;
   char stats_file[256] = {};
   int verbose = 0;
@@ -27,13 +43,22 @@ constexpr size_t kMaxRegionSize = size_t{1} << 36;
 
 // getenv-like lookup, so tests can feed their own environment.
 using EnvFn = const char* (*)(const char* name);
+using WarnFn = void (*)(const char* line);
 
 // Parses the RDMALLOC_* variables. Each problem is reported through `warn`
 // (one line, no newline) and the default is kept.
-Config ParseConfig(EnvFn env, void (*warn)(const char* line));
+Config ParseConfig(EnvFn env, WarnFn warn);
+
+// Warns once for each RDMALLOC_* name in `envp` ("NAME=value" strings, null
+// terminated) that rdmalloc does not know: a typo must not pass silently.
+void WarnUnknownVariables(const char* const* envp, WarnFn warn);
 
 // Parses "64M", "2g", "1048576". Returns false on anything else.
 bool ParseSize(const char* s, size_t* out);
+
+// Parses "local_write,remote_read" into access bits. Returns false on an
+// unknown or empty name.
+bool ParseAccess(const char* s, int* out);
 
 }  // namespace rdmalloc
 

@@ -34,6 +34,9 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_STREQ(a.verbs_library, b.verbs_library);
   EXPECT_EQ(a.region_size, b.region_size);
   EXPECT_EQ(a.register_mode, b.register_mode);
+  EXPECT_EQ(a.access, b.access);
+  EXPECT_EQ(a.max_pinned, b.max_pinned);
+  EXPECT_EQ(a.decay_ms, b.decay_ms);
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_STREQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.verbose, b.verbose);
@@ -66,7 +69,8 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
   Parse();
   std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
-                                "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY"};
+                                "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS",
+                                "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS"};
   EXPECT_EQ(g_asked, want);
 }
 
@@ -104,13 +108,34 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_STATS", "0", [](Config* c, const std::string&) { c->stats = StatsMode::kOff; });
   add("RDMALLOC_STATS", "1", [](Config* c, const std::string&) { c->stats = StatsMode::kText; });
   add("RDMALLOC_STATS", "json", [](Config* c, const std::string&) { c->stats = StatsMode::kJson; });
-  auto stats_file = [](Config* c, const std::string& s) { strcpy(c->stats_file, s.c_str()); };
+  // Asking for a report file asks for a report.
+  auto stats_file = [](Config* c, const std::string& s) {
+    strcpy(c->stats_file, s.c_str());
+    c->stats = StatsMode::kText;
+  };
   add("RDMALLOC_STATS_FILE", "/tmp/rdmalloc.stats", stats_file);
   add("RDMALLOC_STATS_FILE", "-", stats_file);
   add("RDMALLOC_STATS_FILE", "/" + std::string(254, 'f'), stats_file);  // 255: longest that fits
   auto verbs_library = [](Config* c, const std::string& s) { strcpy(c->verbs_library, s.c_str()); };
   add("RDMALLOC_VERBS_LIBRARY", "/opt/rdma-core/lib/libibverbs.so.1", verbs_library);
   add("RDMALLOC_VERBS_LIBRARY", "/" + std::string(254, 'v'), verbs_library);  // 255: longest that fits
+  add("RDMALLOC_ACCESS", "local_write", [](Config* c, const std::string&) { c->access = kAccessLocalWrite; });
+  add("RDMALLOC_ACCESS", "remote_read,local_write", [](Config* c, const std::string&) {
+    c->access = kAccessRemoteRead | kAccessLocalWrite;
+  });
+  add("RDMALLOC_ACCESS", "local_write,remote_read,remote_write,remote_atomic,relaxed_ordering",
+      [](Config* c, const std::string&) {
+        c->access = kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteWrite |
+                    kAccessRemoteAtomic | kAccessRelaxedOrdering;
+      });
+  add("RDMALLOC_MAX_PINNED", "unlimited", [](Config* c, const std::string&) { c->max_pinned = kNoPinLimit; });
+  add("RDMALLOC_MAX_PINNED", "0", [](Config* c, const std::string&) { c->max_pinned = 0; });
+  add("RDMALLOC_MAX_PINNED", "512M", [](Config* c, const std::string&) { c->max_pinned = 512 * kM; });
+  add("RDMALLOC_MAX_PINNED", "2G", [](Config* c, const std::string&) { c->max_pinned = 2 * kG; });
+  add("RDMALLOC_DECAY_MS", "-1", [](Config* c, const std::string&) { c->decay_ms = -1; });
+  add("RDMALLOC_DECAY_MS", "0", [](Config* c, const std::string&) { c->decay_ms = 0; });
+  add("RDMALLOC_DECAY_MS", "250", [](Config* c, const std::string&) { c->decay_ms = 250; });
+  add("RDMALLOC_DECAY_MS", "86400000", [](Config* c, const std::string&) { c->decay_ms = 86400000; });
   add("RDMALLOC_VERBOSE", "0", [](Config* c, const std::string&) { c->verbose = 0; });
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
@@ -167,6 +192,23 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_STATS_FILE", "/" + std::string(255, 'f'), "stderr"},  // 256 characters
       {"RDMALLOC_VERBS_LIBRARY", "", "libibverbs.so.1"},
       {"RDMALLOC_VERBS_LIBRARY", "/" + std::string(255, 'v'), "libibverbs.so.1"},  // 256 characters
+      {"RDMALLOC_ACCESS", "", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", "remote_read,", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", ",local_write", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", "local_write remote_read", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", "LOCAL_WRITE", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", "remote_execute", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_MAX_PINNED", "", "unlimited"},
+      {"RDMALLOC_MAX_PINNED", "-1", "unlimited"},
+      {"RDMALLOC_MAX_PINNED", "lots", "unlimited"},
+      {"RDMALLOC_MAX_PINNED", "Unlimited", "unlimited"},
+      {"RDMALLOC_MAX_PINNED", "99999999999999999999G", "unlimited"},
+      {"RDMALLOC_DECAY_MS", "", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_DECAY_MS", "-2", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_DECAY_MS", "86400001", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_DECAY_MS", "10s", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_DECAY_MS", "1e3", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_DECAY_MS", "99999999999999999999999", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_VERBOSE", "", "0"},
       {"RDMALLOC_VERBOSE", "3", "0"},
       {"RDMALLOC_VERBOSE", "-1", "0"},
@@ -193,12 +235,16 @@ TEST_F(ConfigTest, BadValuesWarnOnceAndKeepTheDefault) {
 }
 
 TEST_F(ConfigTest, AllGoodAtOnce) {
-  g_env = {{"RDMALLOC_BACKEND", "uring"},    {"RDMALLOC_DEVICE", "rxe0"},
+  g_env = {{"RDMALLOC_BACKEND", "auto"},     {"RDMALLOC_DEVICE", "rxe0"},
            {"RDMALLOC_REGION_SIZE", "128M"}, {"RDMALLOC_REGISTER", "eager"},
            {"RDMALLOC_STATS", "json"},       {"RDMALLOC_STATS_FILE", "/tmp/s.json"},
-           {"RDMALLOC_VERBOSE", "2"}};
+           {"RDMALLOC_VERBOSE", "2"},        {"RDMALLOC_ACCESS", "local_write"},
+           {"RDMALLOC_MAX_PINNED", "1G"},    {"RDMALLOC_DECAY_MS", "100"}};
   Config c = Parse();
-  EXPECT_EQ(c.backend, BackendChoice::kUring);
+  EXPECT_EQ(c.access, kAccessLocalWrite);
+  EXPECT_EQ(c.max_pinned, kG);
+  EXPECT_EQ(c.decay_ms, 100);
+  EXPECT_EQ(c.backend, BackendChoice::kAuto);
   EXPECT_STREQ(c.device, "rxe0");
   EXPECT_EQ(c.region_size, 128 * kM);
   EXPECT_EQ(c.register_mode, RegisterMode::kEager);
@@ -218,11 +264,13 @@ TEST_F(ConfigTest, MixedGoodAndBad) {
   EXPECT_EQ(c.backend, BackendChoice::kVerbs);
   EXPECT_STREQ(c.device, "");
   EXPECT_EQ(c.region_size, 32 * kM);
-  EXPECT_EQ(c.register_mode, RegisterMode::kEager);
-  EXPECT_EQ(c.stats, StatsMode::kOff);
+  EXPECT_EQ(c.register_mode, RegisterMode::kLazy) << "eager contradicts verbs";
+  EXPECT_EQ(c.stats, StatsMode::kText) << "a bad RDMALLOC_STATS, but a report file asked for";
   EXPECT_STREQ(c.stats_file, "/tmp/s");
   EXPECT_EQ(c.verbose, 0);
-  ASSERT_EQ(g_warnings.size(), 4u);
+  ASSERT_EQ(g_warnings.size(), 5u);
+  EXPECT_NE(g_warnings[4].find("RDMALLOC_REGISTER=eager contradicts RDMALLOC_BACKEND=verbs"),
+            std::string::npos) << g_warnings[4];
   EXPECT_NE(g_warnings[0].find("RDMALLOC_DEVICE=\"\""), std::string::npos) << g_warnings[0];
   EXPECT_NE(g_warnings[1].find("RDMALLOC_REGION_SIZE=\"1k\""), std::string::npos) << g_warnings[1];
   EXPECT_NE(g_warnings[2].find("RDMALLOC_STATS=\"maybe\""), std::string::npos) << g_warnings[2];
@@ -283,6 +331,62 @@ TEST_F(ConfigTest, ControlCharactersInAValueStayOnOneLine) {
   ASSERT_EQ(g_warnings.size(), 1u);
   EXPECT_EQ(g_warnings[0].find('\n'), std::string::npos);
   EXPECT_NE(g_warnings[0].find("RDMALLOC_REGISTER=\"eag?er\""), std::string::npos);
+}
+
+// Contradictory combinations: one line each, naming both and what is used.
+TEST_F(ConfigTest, ContradictionsWarnOnceAndResolve) {
+  g_env = {{"RDMALLOC_BACKEND", "verbs"}, {"RDMALLOC_REGISTER", "eager"}};
+  EXPECT_EQ(Parse().register_mode, RegisterMode::kLazy);
+  ASSERT_EQ(g_warnings.size(), 1u);
+  EXPECT_NE(g_warnings[0].find("using lazy"), std::string::npos) << g_warnings[0];
+
+  for (const char* backend : {"uring", "none"}) {
+    SetUp();
+    g_env = {{"RDMALLOC_BACKEND", backend}, {"RDMALLOC_DEVICE", "mlx5_0"}};
+    EXPECT_STREQ(Parse().device, "");
+    ASSERT_EQ(g_warnings.size(), 1u);
+    EXPECT_NE(g_warnings[0].find("RDMALLOC_DEVICE=\"mlx5_0\" contradicts RDMALLOC_BACKEND=" +
+                                 std::string(backend)),
+              std::string::npos)
+        << g_warnings[0];
+    EXPECT_NE(g_warnings[0].find("ignoring RDMALLOC_DEVICE"), std::string::npos);
+  }
+
+  SetUp();
+  g_env = {{"RDMALLOC_STATS", "0"}, {"RDMALLOC_STATS_FILE", "/tmp/r"}};
+  EXPECT_EQ(Parse().stats, StatsMode::kOff);
+  ASSERT_EQ(g_warnings.size(), 1u);
+  EXPECT_NE(g_warnings[0].find("writing no report"), std::string::npos) << g_warnings[0];
+}
+
+TEST(UnknownVariables, EachTypoGetsOneLine) {
+  static std::vector<std::string> lines;
+  lines.clear();
+  const char* envp[] = {"PATH=/bin", "RDMALLOC_BACKEND=uring", "RDMALLOC_BAKEND=uring",
+                        "RDMALLOC_STATS=1", "RDMALLOC_STAT=1", "RDMALLOC_=x", "NOT_RDMALLOC_X=1",
+                        "RDMALLOC_REGION_SIZE_MB=4", nullptr};
+  WarnUnknownVariables(envp, [](const char* l) { lines.emplace_back(l); });
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_NE(lines[0].find("RDMALLOC_BAKEND is not an rdmalloc variable"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("RDMALLOC_STAT is not"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("RDMALLOC_ is not"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("RDMALLOC_REGION_SIZE_MB is not"), std::string::npos) << lines[3];
+  lines.clear();
+  WarnUnknownVariables(nullptr, [](const char* l) { lines.emplace_back(l); });
+  EXPECT_TRUE(lines.empty());
+}
+
+TEST(ParseAccessTest, NamesAndErrors) {
+  int bits = -1;
+  EXPECT_TRUE(ParseAccess("remote_atomic", &bits));
+  EXPECT_EQ(bits, kAccessRemoteAtomic);
+  EXPECT_TRUE(ParseAccess("local_write,local_write", &bits));
+  EXPECT_EQ(bits, kAccessLocalWrite);
+  bits = -1;
+  for (const char* bad : {"", ",", "local_write,", "remote", "local_write,,remote_read"}) {
+    EXPECT_FALSE(ParseAccess(bad, &bits)) << bad;
+    EXPECT_EQ(bits, -1) << bad;
+  }
 }
 
 TEST(ParseSizeTest, RejectsOverflow) {

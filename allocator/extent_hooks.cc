@@ -2,6 +2,8 @@
 
 #include <jemalloc/jemalloc.h>
 
+#include <sys/types.h>
+
 #include <cstdio>
 
 #include "allocator/heap.h"
@@ -108,6 +110,19 @@ void InstallExtentHooks() {
     char name[64];
     snprintf(name, sizeof name, "arena.%u.extent_hooks", i);
     rdmj_mallctl(name, nullptr, nullptr, &ours, sizeof ours);
+  }
+}
+
+void SetDirtyDecay(long ms) {
+  ssize_t value = ms;
+  rdmj_mallctl("arenas.dirty_decay_ms", nullptr, nullptr, &value, sizeof value);
+  unsigned narenas = 0;
+  size_t len = sizeof narenas;
+  rdmj_mallctl("arenas.narenas", &narenas, &len, nullptr, 0);
+  for (unsigned i = 0; i < narenas; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", i);
+    rdmj_mallctl(name, nullptr, nullptr, &value, sizeof value);
   }
 }
 

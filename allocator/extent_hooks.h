@@ -11,6 +11,10 @@ namespace rdmalloc {
 // Must run before jemalloc serves any allocation to the program.
 void InstallExtentHooks();
 
+// RDMALLOC_DECAY_MS: how long jemalloc keeps freed extents before it gives
+// them back through the hooks, for every arena now and to come.
+void SetDirtyDecay(long ms);
+
 // For mallctl("arenas.create") without hooks of the caller's own.
 void* RdmallocExtentHooks();
 

@@ -1,9 +1,12 @@
 #include "allocator/heap.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -13,8 +16,13 @@
 namespace rdmalloc {
 namespace {
 
-constexpr int kDefaultAccess =
-    RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_WRITE;
+static_assert(kMaxDomains == RDMALLOC_MAX_DOMAINS, "public and internal domain counts differ");
+static_assert(kAccessLocalWrite == RDMALLOC_ACCESS_LOCAL_WRITE &&
+                  kAccessRemoteWrite == RDMALLOC_ACCESS_REMOTE_WRITE &&
+                  kAccessRemoteRead == RDMALLOC_ACCESS_REMOTE_READ &&
+                  kAccessRemoteAtomic == RDMALLOC_ACCESS_REMOTE_ATOMIC &&
+                  kAccessRelaxedOrdering == RDMALLOC_ACCESS_RELAXED_ORDERING,
+              "access bits differ");
 constexpr int kKnownAccess = RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_WRITE |
                              RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_ATOMIC |
                              RDMALLOC_ACCESS_RELAXED_ORDERING;
@@ -60,9 +68,24 @@ BackendKind g_kind = BackendKind::kNone;
 
 Heap& TheHeap() { return g_heap; }
 
-void Heap::Start(const Config& config) {
-  config_ = config;
-  switch (config.backend) {
+void Heap::Log(int level, const char* format, ...) const {
+  if (config_.verbose < level) return;
+  char line[512];
+  int n = snprintf(line, sizeof line, "rdmalloc[%d]: ", getpid());
+  va_list ap;
+  va_start(ap, format);
+  int m = vsnprintf(line + n, sizeof line - n - 1, format, ap);
+  va_end(ap);
+  size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : std::min<size_t>(m, sizeof line - n - 2));
+  line[len++] = '\n';
+  ssize_t ignored = write(STDERR_FILENO, line, len);
+  (void)ignored;
+}
+
+void Heap::Configure(const Config& config) { config_ = config; }
+
+void Heap::Start() {
+  switch (config_.backend) {
     case BackendChoice::kVerbs: g_kind = BackendKind::kVerbs; break;
     case BackendChoice::kUring: g_kind = BackendKind::kUring; break;
     case BackendChoice::kNone: g_kind = BackendKind::kNone; break;
@@ -75,8 +98,16 @@ void Heap::Start(const Config& config) {
   // Eager registration happens inside the alloc hook, so only a backend that
   // never mallocs can do it; ibverbs always registers on first lookup.
   if (config_.register_mode == RegisterMode::kEager) {
-    if (g_kind == BackendKind::kUring) EnsureBackend();
-    else config_.register_mode = RegisterMode::kLazy;
+    if (g_kind == BackendKind::kUring) {
+      EnsureBackend();
+    } else {
+      config_.register_mode = RegisterMode::kLazy;
+      if (g_kind == BackendKind::kVerbs)
+        Log(0, "RDMALLOC_REGISTER=eager needs the uring backend, and an RDMA device chose "
+               "verbs; using lazy");
+    }
+  } else if (config_.verbose > 0 && g_kind != BackendKind::kVerbs) {
+    EnsureBackend();  // so that the start-up line names the backend (verbs: at first use)
   }
 }
 
@@ -95,7 +126,7 @@ int Heap::EnsureBackend() {
   if (g_kind == BackendKind::kUring) registrar_ = MakeUringRegistrar().release();
   int err = ENODEV;
   if (registrar_ != nullptr) {
-    if (Domain* dom = registrar_->OpenDomain(nullptr, kDefaultAccess, &err)) {
+    if (Domain* dom = registrar_->OpenDomain(nullptr, config_.access, &err)) {
       domains_[0].domain.store(dom, std::memory_order_release);
       domains_[0].state.store(DomainSlot::kOpen);
       err = 0;
@@ -103,6 +134,11 @@ int Heap::EnsureBackend() {
   }
   backend_err_ = err;
   backend_ready_.store(1, std::memory_order_release);
+  Log(1, "backend %s (%s)%s, %s registration, regions up to %zu MiB%s",
+      registrar_ != nullptr ? registrar_->name() : "none", DeviceDescription(),
+      err != 0 ? ", default domain failed to open" : "",
+      config_.register_mode == RegisterMode::kEager ? "eager" : "lazy", config_.region_size >> 20,
+      config_.max_pinned != kNoPinLimit ? ", pinning capped" : "");
   if (err == 0 && config_.register_mode == RegisterMode::kEager) RegisterAllLive(0);
   return err;
 }
@@ -110,6 +146,16 @@ int Heap::EnsureBackend() {
 const char* Heap::BackendName() {
   EnsureBackend();
   return registrar_ != nullptr ? registrar_->name() : "none";
+}
+
+const char* Heap::DeviceDescription() {
+  EnsureBackend();
+  if (registrar_ == nullptr) return "no backend: nothing is registered";
+  if (g_kind == BackendKind::kUring)
+    return config_.backend == BackendChoice::kAuto
+               ? "no RDMA device found: pinning through io_uring"
+               : "pinning through io_uring";
+  return registrar_->device_name();
 }
 
 int Heap::DomainIndex(ibv_pd* pd) const {
@@ -257,6 +303,7 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
   heap_lock_.Unlock();
   regions_created_.fetch_add(1, std::memory_order_relaxed);
   bytes_mapped_.fetch_add(bytes, std::memory_order_relaxed);
+  Log(2, "new region %p+%zu%s", mem, bytes, r->dedicated ? " (dedicated)" : "");
   return r;
 }
 
@@ -306,16 +353,32 @@ void Heap::Recycle(Region* r) {
 int Heap::RegisterLocked(Region* r, int d) {
   Domain* dom = domains_[d].domain.load(std::memory_order_acquire);
   if (dom == nullptr || domains_[d].state.load() != DomainSlot::kOpen) return ENODEV;
+  RegSlot& s = r->reg[d];
+  DomainCounters& dc = domain_counters_[d];
+  // The cap is claimed before registering, so racing registrations cannot
+  // overshoot it together.
+  uint64_t claimed = bytes_registered_.fetch_add(r->length()) + r->length();
+  if (claimed > config_.max_pinned) {
+    bytes_registered_.fetch_sub(r->length());
+    cap_hits_.fetch_add(1, std::memory_order_relaxed);
+    s.err.store(ENOMEM, std::memory_order_relaxed);
+    s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
+    return ENOMEM;
+  }
   Registration reg;
   uint64_t t0 = NowNs();
   int err = dom->Register(reinterpret_cast<void*>(r->begin()), r->length(), &reg);
   reg_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
   reg_calls_.fetch_add(1, std::memory_order_relaxed);
-  RegSlot& s = r->reg[d];
+  dc.reg_calls.fetch_add(1, std::memory_order_relaxed);
   if (err != 0) {
+    bytes_registered_.fetch_sub(r->length());
     s.err.store(err, std::memory_order_relaxed);
     s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
     reg_failures_.fetch_add(1, std::memory_order_relaxed);
+    dc.reg_failures.fetch_add(1, std::memory_order_relaxed);
+    Log(2, "register region %p+%zu with domain %d failed: errno %d", (void*)r->begin(),
+        r->length(), d, err);
     return err;
   }
   s.seq.fetch_add(1);  // odd: readers retry
@@ -329,7 +392,9 @@ int Heap::RegisterLocked(Region* r, int d) {
   s.state.store(RegSlot::kRegistered, std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
   r->registrations.fetch_add(1);
-  bytes_registered_.fetch_add(r->length(), std::memory_order_relaxed);
+  dc.bytes_registered.fetch_add(r->length(), std::memory_order_relaxed);
+  Log(2, "registered region %p+%zu with domain %d: lkey %u", (void*)r->begin(), r->length(), d,
+      reg.lkey);
   return 0;
 }
 
@@ -352,9 +417,12 @@ void Heap::DeregisterLocked(Region* r, int d) {
   if (dom != nullptr) dom->Deregister(reinterpret_cast<void*>(r->begin()), r->length(), reg);
   dereg_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
   dereg_calls_.fetch_add(1, std::memory_order_relaxed);
+  domain_counters_[d].dereg_calls.fetch_add(1, std::memory_order_relaxed);
+  domain_counters_[d].bytes_registered.fetch_sub(r->length(), std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
   r->registrations.fetch_sub(1);
   bytes_registered_.fetch_sub(r->length(), std::memory_order_relaxed);
+  Log(2, "deregistered region %p+%zu from domain %d", (void*)r->begin(), r->length(), d);
 }
 
 // Deregister every domain, then unmap. Returns false if the work had to be
@@ -372,6 +440,7 @@ bool Heap::ReleaseLocked(Region* r, bool in_hook) {
   munmap(reinterpret_cast<void*>(r->begin()), r->length());
   bytes_mapped_.fetch_sub(r->length(), std::memory_order_relaxed);
   regions_released_.fetch_add(1, std::memory_order_relaxed);
+  Log(2, "released region %p+%zu", (void*)r->begin(), r->length());
   return true;
 }
 
@@ -568,6 +637,7 @@ int Heap::RemoveDomain(ibv_pd* pd) {
   Domain* dom = domains_[d].domain.exchange(nullptr);
   domains_[d].pd.store(nullptr);
   domains_[d].state.store(DomainSlot::kFree);
+  domain_counters_[d].Reset();
   delete dom;
   return RDMALLOC_OK;
 }
@@ -637,8 +707,69 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.lookup_slow = get(lookup_slow_);
   s.foreign_extents = get(foreign_extents_);
   s.releases_deferred = get(releases_deferred_);
+  s.cap_hits = get(cap_hits_);
+  s.max_pinned = config_.max_pinned;
+  for (int d = 0; d < kMaxDomains; d++) {
+    rdmalloc_domain_stats& o = s.domain[d];
+    const DomainCounters& dc = domain_counters_[d];
+    o.open = domains_[d].state.load() == DomainSlot::kOpen;
+    o.pd = domains_[d].pd.load();
+    o.bytes_registered = get(dc.bytes_registered);
+    o.reg_calls = get(dc.reg_calls);
+    o.dereg_calls = get(dc.dereg_calls);
+    o.reg_failures = get(dc.reg_failures);
+  }
   memcpy(out, &s, s.size);
   return RDMALLOC_OK;
+}
+
+int Heap::DumpRegions(FILE* out) {
+  if (out == nullptr) return RDMALLOC_EINVAL;
+  DrainPending();
+  size_t used;
+  {
+    SpinLockGuard g(heap_lock_);
+    used = descriptors_used_;
+  }
+  int count = 0;
+  for (size_t i = 0; i < used; i++) {
+    Region* r = &pool_[i];
+    // Copy under the locks, print after: fprintf may allocate.
+    uintptr_t base;
+    size_t size, npages, in_use;
+    bool dedicated, live;
+    struct {
+      uint32_t state, lkey, rkey;
+    } regs[kMaxDomains];
+    r->reg_lock.Lock();
+    {
+      SpinLockGuard g(heap_lock_);
+      live = r->seq.load() & 1;
+      base = r->begin();
+      size = r->length();
+      npages = r->pages.npages();
+      in_use = r->pages.used_pages();
+      dedicated = r->dedicated;
+    }
+    for (int d = 0; d < kMaxDomains; d++) {
+      regs[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
+    }
+    Unlock(r, false);
+    if (!live) continue;
+    fprintf(out, "region %p-%p %8zu KiB  used %5.1f%%%s", reinterpret_cast<void*>(base),
+            reinterpret_cast<void*>(base + size), size >> 10,
+            npages != 0 ? 100.0 * in_use / npages : 0.0, dedicated ? "  dedicated" : "");
+    for (int d = 0; d < kMaxDomains; d++) {
+      if (regs[d].state == RegSlot::kRegistered)
+        fprintf(out, "  domain %d: lkey %u rkey %u", d, regs[d].lkey, regs[d].rkey);
+      else if (regs[d].state == RegSlot::kFailed)
+        fprintf(out, "  domain %d: registration failed", d);
+    }
+    fputc('\n', out);
+    count++;
+  }
+  fflush(out);
+  return count;
 }
 
 // --------------------------------------------------------------------- fork
@@ -670,6 +801,7 @@ void Heap::ChildAfterFork() {
     r->registrations.store(0, std::memory_order_relaxed);
   }
   bytes_registered_.store(0, std::memory_order_relaxed);
+  for (DomainCounters& dc : domain_counters_) dc.bytes_registered.store(0, std::memory_order_relaxed);
   for (DomainSlot& d : domains_) {
     if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();
   }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 
 #include "allocator/config.h"
@@ -29,8 +30,10 @@ class Heap {
   Heap(const Heap&) = delete;
   Heap& operator=(const Heap&) = delete;
 
-  // Called once while malloc initialises, after the hooks are installed.
-  void Start(const Config& config);
+  // Called once while malloc initialises: Configure before the hooks are
+  // installed (arena creation already maps regions), Start after.
+  void Configure(const Config& config);
+  void Start();
   const Config& config() const { return config_; }
 
   // --- Hook side: may run inside jemalloc; never allocates, never blocks on
@@ -48,8 +51,14 @@ class Heap {
   int AddDomain(ibv_pd* pd, int access);
   int RemoveDomain(ibv_pd* pd);
   const char* BackendName();
+  // For reports: the device in use, or what stands in for one.
+  const char* DeviceDescription();
   int Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_memory);
   int Stats(struct rdmalloc_stats* out, size_t size);
+  int DumpRegions(FILE* out);
+  // RDMALLOC_VERBOSE logging: one line on stderr, built on the stack and
+  // written with write(2), so it is safe in hook context.
+  void Log(int level, const char* format, ...) const __attribute__((format(printf, 3, 4)));
 
   // fork: keep our locks consistent in both processes; the child forgets
   // every registration (they belong to the parent's kernel objects).
@@ -66,6 +75,15 @@ class Heap {
   };
   struct alignas(64) Stripe {
     std::atomic<uint64_t> lookups{0};
+  };
+  struct DomainCounters {
+    std::atomic<uint64_t> bytes_registered{0}, reg_calls{0}, dereg_calls{0}, reg_failures{0};
+    void Reset() {
+      bytes_registered = 0;
+      reg_calls = 0;
+      dereg_calls = 0;
+      reg_failures = 0;
+    }
   };
 
   int DomainIndex(ibv_pd* pd) const;
@@ -100,6 +118,7 @@ class Heap {
   SpinLock api_lock_;  // backend start, domain table changes
 
   DomainSlot domains_[kMaxDomains];
+  DomainCounters domain_counters_[kMaxDomains];
 
   SpinLock heap_lock_;  // region list, page maps, descriptor pool
   RegionMap map_;
@@ -118,7 +137,7 @@ class Heap {
       pages_in_use_{0}, bytes_registered_{0}, reg_calls_{0}, dereg_calls_{0}, reg_ns_{0},
       dereg_ns_{0}, reg_failures_{0}, lookup_not_ours_{0}, lookup_cross_{0},
       lookup_reg_failed_{0}, lookup_einval_{0}, lookup_slow_{0}, foreign_extents_{0},
-      releases_deferred_{0};
+      releases_deferred_{0}, cap_hits_{0};
 };
 
 Heap& TheHeap();

@@ -18,6 +18,8 @@
 #include "allocator/init.h"
 #include "allocator/jemalloc_api.h"
 
+extern char** environ;
+
 namespace rdmalloc {
 namespace {
 
@@ -41,8 +43,11 @@ void ChildAfterFork() { TheHeap().ChildAfterFork(); }
 
 void Initialise() {
   Config config = ParseConfig(GetEnv, WarnLine);
+  WarnUnknownVariables(environ, WarnLine);
+  TheHeap().Configure(config);
   InstallExtentHooks();
-  TheHeap().Start(config);
+  if (config.decay_ms != kDecayUnset) SetDirtyDecay(config.decay_ms);
+  TheHeap().Start();
   pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
 }
 

@@ -74,6 +74,18 @@ const char *rdmalloc_backend(void);
 int rdmalloc_dma_write(const struct rdmalloc_keys *k, size_t off, const void *src, size_t n);
 int rdmalloc_dma_read(const struct rdmalloc_keys *k, size_t off, void *dst, size_t n);
 
+#define RDMALLOC_MAX_DOMAINS 8
+
+/* One protection domain's share of the registrations. */
+struct rdmalloc_domain_stats {
+  struct ibv_pd *pd;         /* NULL: the default domain (slot 0) or an unused slot */
+  uint64_t open;             /* 1 if this slot holds a domain */
+  uint64_t bytes_registered;
+  uint64_t reg_calls;
+  uint64_t dereg_calls;
+  uint64_t reg_failures;
+};
+
 #define RDMALLOC_STATS_VERSION 1
 struct rdmalloc_stats {
   uint32_t version;          /* RDMALLOC_STATS_VERSION */
@@ -98,8 +110,18 @@ struct rdmalloc_stats {
   uint64_t lookup_slow;      /* lookups that had to register first */
   uint64_t foreign_extents;  /* extents jemalloc made before rdmalloc's hooks */
   uint64_t releases_deferred;/* releases moved out of hook context */
+  uint64_t cap_hits;         /* registrations refused by RDMALLOC_MAX_PINNED */
+  uint64_t max_pinned;       /* the cap, bytes (UINT64_MAX: none) */
+  struct rdmalloc_domain_stats domain[RDMALLOC_MAX_DOMAINS];
 };
+/* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
+ * many were filled, so old callers keep working when the struct grows. */
 int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);
+
+/* One line per region (address, size, use, registrations and keys per
+ * domain), for debugging. Returns the number of regions written. */
+#include <stdio.h>
+int rdmalloc_dump_regions(FILE *out);
 
 #ifdef __cplusplus
 }

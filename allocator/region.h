@@ -13,7 +13,7 @@ namespace rdmalloc {
 
 constexpr unsigned kPageShift = 12;
 constexpr size_t kPageSize = size_t{1} << kPageShift;
-constexpr int kMaxDomains = 8;
+constexpr int kMaxDomains = 8;  // RDMALLOC_MAX_DOMAINS
 
 // One domain's registration of one region. Written under Region::reg_lock;
 // read lock-free with a sequence count (odd while it changes).

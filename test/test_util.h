@@ -84,7 +84,7 @@ inline long VmPinKbWhen(bool (*ok)(long kb, long want), long want) {
 }
 
 // Runs this test binary again with `extra_env` added, only `test_name`, and
-// RDMALLOC_TEST_CHILD=1 set; returns its exit status (-1 if it did not exit).
+// TEST_RERUN_CHILD=1 set; returns its exit status (-1 if it did not exit).
 // For settings that rdmalloc reads once at start-up.
 inline int RerunSelf(const std::string& test_name, std::vector<std::string> extra_env) {
   std::vector<std::string> env;
@@ -94,7 +94,7 @@ inline int RerunSelf(const std::string& test_name, std::vector<std::string> extr
       env.push_back(*e);
   }
   for (auto& e : extra_env) env.push_back(e);
-  env.push_back("RDMALLOC_TEST_CHILD=1");
+  env.push_back("TEST_RERUN_CHILD=1");
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -107,7 +107,7 @@ inline int RerunSelf(const std::string& test_name, std::vector<std::string> extr
   return WEXITSTATUS(status);
 }
 
-inline bool IsRerunChild() { return getenv("RDMALLOC_TEST_CHILD") != nullptr; }
+inline bool IsRerunChild() { return getenv("TEST_RERUN_CHILD") != nullptr; }
 
 }  // namespace rdmalloc_test
 

@@ -47,6 +47,8 @@ class Registrar {
  public:
   virtual ~Registrar() = default;
   virtual const char* name() const = 0;
+  // The device the default domain opened ("" before, or without devices).
+  virtual const char* device_name() const = 0;
   // True when Domain::Register/Deregister never call malloc, so the heap may
   // call them inside jemalloc's (reentrant) extent hooks.
   virtual bool hook_safe() const = 0;

@@ -189,6 +189,7 @@ class UringDomain final : public Domain {
 class UringRegistrar final : public Registrar {
  public:
   const char* name() const override { return "uring"; }
+  const char* device_name() const override { return ""; }
   bool hook_safe() const override { return true; }
   Domain* OpenDomain(ibv_pd*, int, int* err) override {
     auto* d = new UringDomain();

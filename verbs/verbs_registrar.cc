@@ -9,6 +9,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -71,6 +72,7 @@ class VerbsRegistrar final : public Registrar {
   VerbsRegistrar(const VerbsApi& api, const char* device)
       : api_(api), device_(device != nullptr ? device : "") {}
   const char* name() const override { return "verbs"; }
+  const char* device_name() const override { return opened_; }
   // ibv_reg_mr/ibv_dereg_mr allocate (the MR object, fork-tracking nodes).
   bool hook_safe() const override { return false; }
 
@@ -86,6 +88,9 @@ class VerbsRegistrar final : public Registrar {
     ibv_device* chosen = nullptr;
     for (int i = 0; i < n && chosen == nullptr; i++) {
       if (device_.empty() || device_ == api_.get_device_name(list[i])) chosen = list[i];
+    }
+    if (chosen != nullptr) {
+      snprintf(opened_, sizeof opened_, "%s", api_.get_device_name(chosen));
     }
     errno = 0;
     ibv_context* ctx = chosen != nullptr ? api_.open_device(chosen) : nullptr;
@@ -108,6 +113,7 @@ class VerbsRegistrar final : public Registrar {
  private:
   const VerbsApi api_;
   const std::string device_;
+  char opened_[64] = {};
 };
 
 template <typename F>
