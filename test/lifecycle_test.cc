@@ -2,10 +2,12 @@
 // any of them, are deregistered and unmapped once all of it comes back, and
 // domains and fork behave.
 #include <gtest/gtest.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -167,7 +169,14 @@ TEST(Domains, AddMakesTheExistingHeapAvailableRemoveDeregisters) {
   std::vector<uint8_t> via_pd(1 << 20);
   ASSERT_EQ(rdmalloc_dma_read(&k1, 0, via_pd.data(), via_pd.size()), RDMALLOC_OK);
   EXPECT_EQ(memcmp(via_pd.data(), p, via_pd.size()), 0);
-  EXPECT_EQ(Stats().domains, 2u);
+  struct rdmalloc_stats two = Stats();
+  EXPECT_EQ(two.domains, 2u);
+  int slot = -1;
+  for (int d = 1; d < RDMALLOC_MAX_DOMAINS; d++) slot = two.domain[d].pd == pd ? d : slot;
+  ASSERT_GT(slot, 0) << "the pd has its own line in the stats";
+  EXPECT_EQ(two.domain[slot].open, 1u);
+  EXPECT_GE(two.domain[slot].bytes_registered, k1.region_len);
+  EXPECT_GE(two.domain[slot].reg_calls, 1u);
 
   ASSERT_EQ(rdmalloc_remove_pd(pd), RDMALLOC_OK);
   EXPECT_EQ(rdmalloc_lookup(p, 100, pd, &k1), RDMALLOC_EINVAL);
@@ -225,6 +234,94 @@ TEST(Eager, NewRegionsAreRegisteredBeforeAnyLookup) {
   EXPECT_TRUE(CheckPageIdentity(p, size_t{40} << 20, 0, 1 << 20, 8).ok);
   free(p);
   exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+}  // namespace
+}  // namespace rdmalloc_test
+
+namespace rdmalloc_test {
+namespace {
+
+// RDMALLOC_MAX_PINNED: past the cap, allocations still succeed, lookups say
+// "registration failed" with ENOMEM, and a later lookup retries once there is
+// room again.
+TEST(Cap, RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Cap.RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks",
+                        {"RDMALLOC_MAX_PINNED=48M"}),
+              0);
+    return;
+  }
+  const size_t n = size_t{40} << 20;  // larger than a shared region: its own
+  auto* a = static_cast<uint8_t*>(malloc(n));
+  auto* b = static_cast<uint8_t*>(malloc(n));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  memset(b, 3, n);  // usable memory, registered or not
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(a, n, nullptr, &k), RDMALLOC_OK);
+  errno = 0;
+  EXPECT_EQ(rdmalloc_lookup(b, n, nullptr, &k), RDMALLOC_EREGFAIL);
+  EXPECT_EQ(k.reg_errno, ENOMEM);
+  EXPECT_EQ(errno, ENOMEM);
+  struct rdmalloc_stats s = Stats();
+  EXPECT_GE(s.cap_hits, 1u);
+  EXPECT_EQ(s.max_pinned, uint64_t{48} << 20);
+  EXPECT_LE(s.bytes_registered, uint64_t{48} << 20);
+  free(a);
+  ForceDecay();
+  ASSERT_EQ(rdmalloc_lookup(b, n, nullptr, &k), RDMALLOC_OK) << "retry once there is room";
+  EXPECT_TRUE(CheckPageIdentity(b, n, n - 4096, 4096, 5).ok);
+  free(b);
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// RDMALLOC_DECAY_MS=0: jemalloc gives freed extents back at once, so an empty
+// region is deregistered and unmapped without any forced purge.
+TEST(Decay, ZeroDecayReleasesAtOnce) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Decay.ZeroDecayReleasesAtOnce", {"RDMALLOC_DECAY_MS=0"}), 0);
+    return;
+  }
+  ssize_t decay = -5;
+  size_t len = sizeof decay;
+  ASSERT_EQ(mallctl("arena.0.dirty_decay_ms", &decay, &len, nullptr, 0), 0);
+  EXPECT_EQ(decay, 0);
+  const size_t n = size_t{40} << 20;
+  void* p = malloc(n);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+  uint64_t released = Stats().regions_released;
+  free(p);
+  EXPECT_EQ(Stats().regions_released, released + 1);
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+TEST(Debug, DumpRegionsListsEveryLiveRegion) {
+  void* p = malloc(100);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, 100, nullptr, &k), RDMALLOC_OK);
+  FILE* f = tmpfile();
+  ASSERT_NE(f, nullptr);
+  int n = rdmalloc_dump_regions(f);
+  EXPECT_EQ(static_cast<uint64_t>(n), Stats().regions_live);
+  rewind(f);
+  char line[1024];
+  int lines = 0, registered = 0;
+  char want[64];
+  snprintf(want, sizeof want, "region %p-", k.region_base);
+  bool found = false;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    lines++;
+    registered += strstr(line, "domain 0: lkey") != nullptr;
+    found |= strncmp(line, want, strlen(want)) == 0;
+  }
+  fclose(f);
+  EXPECT_EQ(lines, n);
+  EXPECT_GE(registered, 1);
+  EXPECT_TRUE(found) << "the looked-up region is not listed";
+  EXPECT_EQ(rdmalloc_dump_regions(nullptr), RDMALLOC_EINVAL);
+  free(p);
 }
 
 }  // namespace
