@@ -391,7 +391,7 @@ int Heap::RegisterLocked(Region* r, int d) {
   s.err.store(0, std::memory_order_relaxed);
   s.state.store(RegSlot::kRegistered, std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
-  r->registrations.fetch_add(1);
+  if (r->registrations.fetch_add(1) == 0) bytes_pinned_.fetch_add(r->length(), std::memory_order_relaxed);
   dc.bytes_registered.fetch_add(r->length(), std::memory_order_relaxed);
   Log(2, "registered region %p+%zu with domain %d: lkey %u", (void*)r->begin(), r->length(), d,
       reg.lkey);
@@ -420,7 +420,7 @@ void Heap::DeregisterLocked(Region* r, int d) {
   domain_counters_[d].dereg_calls.fetch_add(1, std::memory_order_relaxed);
   domain_counters_[d].bytes_registered.fetch_sub(r->length(), std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
-  r->registrations.fetch_sub(1);
+  if (r->registrations.fetch_sub(1) == 1) bytes_pinned_.fetch_sub(r->length(), std::memory_order_relaxed);
   bytes_registered_.fetch_sub(r->length(), std::memory_order_relaxed);
   Log(2, "deregistered region %p+%zu from domain %d", (void*)r->begin(), r->length(), d);
 }
@@ -693,6 +693,7 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.bytes_mapped = get(bytes_mapped_);
   s.bytes_in_use = get(pages_in_use_) << kPageShift;
   s.bytes_registered = get(bytes_registered_);
+  s.bytes_pinned = get(bytes_pinned_);
   for (const DomainSlot& d : domains_) s.domains += d.state.load() == DomainSlot::kOpen;
   s.reg_calls = get(reg_calls_);
   s.dereg_calls = get(dereg_calls_);
@@ -801,6 +802,7 @@ void Heap::ChildAfterFork() {
     r->registrations.store(0, std::memory_order_relaxed);
   }
   bytes_registered_.store(0, std::memory_order_relaxed);
+  bytes_pinned_.store(0, std::memory_order_relaxed);
   for (DomainCounters& dc : domain_counters_) dc.bytes_registered.store(0, std::memory_order_relaxed);
   for (DomainSlot& d : domains_) {
     if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();

@@ -134,7 +134,7 @@ class Heap {
 
   Stripe stripes_[64];
   std::atomic<uint64_t> regions_created_{0}, regions_released_{0}, bytes_mapped_{0},
-      pages_in_use_{0}, bytes_registered_{0}, reg_calls_{0}, dereg_calls_{0}, reg_ns_{0},
+      pages_in_use_{0}, bytes_registered_{0}, bytes_pinned_{0}, reg_calls_{0}, dereg_calls_{0}, reg_ns_{0},
       dereg_ns_{0}, reg_failures_{0}, lookup_not_ours_{0}, lookup_cross_{0},
       lookup_reg_failed_{0}, lookup_einval_{0}, lookup_slow_{0}, foreign_extents_{0},
       releases_deferred_{0}, cap_hits_{0};

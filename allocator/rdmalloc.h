@@ -95,7 +95,8 @@ struct rdmalloc_stats {
   uint64_t regions_released;
   uint64_t bytes_mapped;     /* live regions */
   uint64_t bytes_in_use;     /* handed to jemalloc */
-  uint64_t bytes_registered; /* sum over domains */
+  uint64_t bytes_registered; /* sum over domains (what the kernel accounts as pinned) */
+  uint64_t bytes_pinned;     /* distinct bytes in regions registered with any domain */
   uint64_t domains;
   uint64_t reg_calls;
   uint64_t dereg_calls;

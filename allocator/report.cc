@@ -42,8 +42,8 @@ void Json(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         backend, device, c.register_mode == RegisterMode::kEager ? "eager" : "lazy");
   o.Add("\"regions_live\":%llu,\"regions_created\":%llu,\"regions_released\":%llu,",
         U(s.regions_live), U(s.regions_created), U(s.regions_released));
-  o.Add("\"bytes_mapped\":%llu,\"bytes_in_use\":%llu,\"bytes_registered\":%llu,", U(s.bytes_mapped),
-        U(s.bytes_in_use), U(s.bytes_registered));
+  o.Add("\"bytes_mapped\":%llu,\"bytes_in_use\":%llu,\"bytes_registered\":%llu,\"bytes_pinned\":%llu,",
+        U(s.bytes_mapped), U(s.bytes_in_use), U(s.bytes_registered), U(s.bytes_pinned));
   o.Add("\"reg_calls\":%llu,\"reg_ns\":%llu,\"dereg_calls\":%llu,\"dereg_ns\":%llu,", U(s.reg_calls),
         U(s.reg_ns), U(s.dereg_calls), U(s.dereg_ns));
   o.Add("\"reg_failures\":%llu,\"cap_hits\":%llu,\"max_pinned\":%llu,", U(s.reg_failures),
@@ -72,8 +72,9 @@ void Text(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         c.register_mode == RegisterMode::kEager ? "eager" : "lazy", U(s.domains));
   o.Add("  regions      %llu live, %llu created, %llu released\n", U(s.regions_live),
         U(s.regions_created), U(s.regions_released));
-  o.Add("  memory       %.1f MiB mapped, %.1f MiB in use by jemalloc, %.1f MiB registered", Mib(s.bytes_mapped),
-        Mib(s.bytes_in_use), Mib(s.bytes_registered));
+  o.Add("  memory       %.1f MiB mapped, %.1f MiB in use by jemalloc, %.1f MiB registered "
+        "(%.1f MiB distinct)",
+        Mib(s.bytes_mapped), Mib(s.bytes_in_use), Mib(s.bytes_registered), Mib(s.bytes_pinned));
   if (s.max_pinned != ~uint64_t{0}) o.Add(" (cap %.1f MiB, hit %llu times)", Mib(s.max_pinned), U(s.cap_hits));
   o.Add("\n  registration %llu reg (avg %.1f us), %llu dereg (avg %.1f us), %llu failed\n",
         U(s.reg_calls), AvgUs(s.reg_ns, s.reg_calls), U(s.dereg_calls),

@@ -1,0 +1,480 @@
+#!/usr/bin/env bash
+# Runs a command as root inside a throw-away QEMU VM that has a soft-RoCE device (rxe0).
+#
+#   test/vm/run.sh [--timeout SECS] [--] CMD [ARGS...]
+#   test/vm/run.sh --prepare        # only build the cached kernel + initramfs
+#
+# Why a VM: the host kernel may have no InfiniBand support at all, while Debian's own
+# kernel ships rdma_rxe. The guest boots that kernel, sees the host's / read-only over
+# 9p (with a tmpfs overlay so writes succeed but are discarded), chroots into it and runs
+# CMD with `ulimit -l unlimited` in the caller's working directory. Host binaries and the
+# host's libibverbs/librxe therefore run unchanged at the same paths.
+#
+# Exit code: CMD's exit code; 124 if the host-side timeout fired; 125 ("vm: cannot
+# start: ...") if the VM could not be booted or the RDMA device could not be set up.
+#
+# Environment (all optional):
+#   RDMALLOC_VM_DIR      cache + run directory (default /var/tmp/rdmalloc-vm)
+#   RDMALLOC_VM_ACCEL    tcg | kvm (default: tcg if kvm_pvm is loaded or /dev/kvm unusable)
+#   RDMALLOC_VM_MEM      guest memory (default 2G);  RDMALLOC_VM_SMP  vCPUs (default nproc, max 4)
+#   RDMALLOC_VM_KVER     kernel version to boot (default: newest in /boot with rdma_rxe)
+#   RDMALLOC_VM_RW       extra colon-separated host dirs the guest may write to
+#   RDMALLOC_VM_VERBOSE  1: copy the guest console to stderr while it runs
+#   RDMALLOC_VM_KEEP     1: keep the per-run results dir (its path is printed)
+# The caller's whole environment is passed to CMD (see write_env below).
+set -euo pipefail
+
+# LD_PRELOAD / LD_LIBRARY_PATH are meant for CMD, not for QEMU and the host tools this
+# script runs: stash them and re-exec without them. They are restored for CMD.
+if [[ -z ${_RDMALLOC_VM_REEXEC:-} ]] && [[ -n ${LD_PRELOAD+x} || -n ${LD_LIBRARY_PATH+x} ]]; then
+  export _RDMALLOC_VM_REEXEC=1
+  [[ -n ${LD_PRELOAD+x} ]] && export _RDMALLOC_VM_SAVED_LD_PRELOAD=$LD_PRELOAD
+  [[ -n ${LD_LIBRARY_PATH+x} ]] && export _RDMALLOC_VM_SAVED_LD_LIBRARY_PATH=$LD_LIBRARY_PATH
+  exec env -u LD_PRELOAD -u LD_LIBRARY_PATH bash "${BASH_SOURCE[0]}" "$@"
+fi
+
+VM_DIR=${RDMALLOC_VM_DIR:-/var/tmp/rdmalloc-vm}
+TIMEOUT=300
+PREPARE_ONLY=0
+
+cannot_start() { echo "vm: cannot start: $*" >&2; exit 125; }
+usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --timeout) [[ $# -ge 2 && $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || usage; TIMEOUT=$2; shift 2 ;;
+    --timeout=*) TIMEOUT=${1#*=}; [[ $TIMEOUT =~ ^[0-9]+$ && $TIMEOUT -gt 0 ]] || usage; shift ;;
+    --prepare) PREPARE_ONLY=1; shift ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) usage ;;
+    *) break ;;
+  esac
+done
+[[ $PREPARE_ONLY -eq 1 || $# -gt 0 ]] || usage
+
+# ---------------------------------------------------------------------------------------
+# Host prerequisites.
+# ---------------------------------------------------------------------------------------
+QEMU=$(command -v qemu-system-x86_64 || true)
+[[ -n $QEMU ]] || cannot_start "qemu-system-x86_64 not installed (run test/vm/setup.sh)"
+for tool in modprobe cpio gzip xz timeout; do
+  command -v "$tool" >/dev/null || cannot_start "$tool not installed (run test/vm/setup.sh)"
+done
+BUSYBOX=/bin/busybox
+# The initramfs has no libc, so busybox must be the static build (busybox-static).
+[[ -x $BUSYBOX ]] && ! ldd "$BUSYBOX" >/dev/null 2>&1 ||
+  cannot_start "static $BUSYBOX missing (install busybox-static via test/vm/setup.sh)"
+
+# Newest installed kernel whose module tree has rdma_rxe (the running kernel may not).
+pick_kernel() {
+  local v
+  if [[ -n ${RDMALLOC_VM_KVER:-} ]]; then echo "$RDMALLOC_VM_KVER"; return; fi
+  for v in $(ls /boot/ 2>/dev/null | sed -n 's/^vmlinuz-//p' | sort -rV); do
+    if modprobe -S "$v" --show-depends rdma_rxe >/dev/null 2>&1; then echo "$v"; return; fi
+  done
+}
+KVER=$(pick_kernel)
+[[ -n $KVER && -r /boot/vmlinuz-$KVER ]] ||
+  cannot_start "no /boot/vmlinuz-* with rdma_rxe (install linux-image-amd64 via test/vm/setup.sh)"
+
+# ---------------------------------------------------------------------------------------
+# Guest PID 1 (busybox sh, runs from the initramfs).
+# ---------------------------------------------------------------------------------------
+read -r -d '' GUEST_INIT <<'EOF' || true
+#!/bin/busybox sh
+# Stage 1: mount the host root, overlay it, chroot and run the stage-2 script.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+R=
+fail() {
+  echo "vm-init: $*" >/dev/console
+  [ -n "$R" ] && echo "$*" > /results/fail
+  sync; poweroff -f
+}
+while read -r mod opts; do
+  insmod "$mod" $opts || fail "insmod $mod failed"
+done < /modules.order
+P9=trans=virtio,version=9p2000.L,msize=524288
+mount -t 9p -o $P9,cache=mmap results /results || fail "cannot mount results share"
+R=$(sed -n 's/^results[[:space:]]*//p' /results/mounts)
+# cache=loose: the host root does not change under us and it makes exec/reads fast.
+mount -t 9p -o $P9,cache=loose,ro hostroot /lower || fail "cannot mount host root"
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir -p /rw/upper /rw/work
+mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot ||
+  fail "cannot mount overlay"
+N=/newroot
+mount -t proc proc $N/proc
+mount -t sysfs sysfs $N/sys
+mount -t devtmpfs devtmpfs $N/dev
+mkdir -p $N/dev/pts $N/dev/shm
+mount -t devpts -o newinstance,ptmxmode=0666 devpts $N/dev/pts
+mount -t tmpfs -o mode=1777 tmpfs $N/dev/shm
+mount -t tmpfs -o mode=0755 tmpfs $N/run
+# Writable shares at their host paths (host sorted them parent-first).
+while read -r tag path; do
+  mkdir -p "$N$path"
+  if [ "$tag" = results ]; then
+    mount -o bind /results "$N$path" || fail "cannot bind results to $path"
+  else
+    mount -t 9p -o $P9,cache=mmap "$tag" "$N$path" || fail "cannot mount $path"
+  fi
+done < /results/mounts
+# The kernel runs its module autoloader in the initramfs root; send it to the host's
+# modprobe and module tree instead (else rdma_rxe fails to load crc32: ENOENT).
+echo /sbin/modprobe-chroot > /proc/sys/kernel/modprobe
+chroot $N /bin/bash "$R/guest.sh" </dev/null >/dev/console 2>&1 ||
+  echo "vm-init: stage 2 exited $?" >/dev/console
+sync
+poweroff -f
+EOF
+
+read -r -d '' GUEST_STAGE2 <<'EOF' || true
+#!/bin/bash
+# Stage 2: runs chrooted in the host root. Sets up rxe0, then runs the command.
+set -uo pipefail
+R=${BASH_SOURCE[0]%/*}
+fail() { echo "$*" > "$R/fail"; echo "vm-guest: $*" >&2; exit 1; }
+
+# virtio serial ports carry CMD's stdout/stderr and timing markers to the host.
+port() {
+  local d i
+  for ((i = 0; i < 100; i++)); do
+    for d in /sys/class/virtio-ports/*; do
+      [[ -r $d/name && $(<"$d/name") == "$1" ]] && { echo "/dev/${d##*/}"; return 0; }
+    done
+    sleep 0.05
+  done
+  return 1
+}
+CTL=$(port rdmalloc.ctl) && OUT=$(port rdmalloc.out) && ERR=$(port rdmalloc.err) ||
+  fail "virtio serial ports missing"
+exec 3>"$CTL"
+
+setup_rxe() {
+  set -e
+  ip link set lo up
+  modprobe rdma_rxe
+  modprobe dummy numdummies=0
+  ip link add rxedummy0 type dummy
+  ip link set rxedummy0 up
+  rdma link add rxe0 type rxe netdev rxedummy0
+  # The port goes ACTIVE asynchronously once the netdev is up.
+  local i s
+  for ((i = 0; i < 200; i++)); do
+    s=$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null || true)
+    [[ $s == *ACTIVE* ]] && return 0
+    sleep 0.05
+  done
+  echo "rxe0 port state: ${s:-missing}"
+  return 1
+}
+(setup_rxe) >"$R/setup.log" 2>&1 || fail "rxe0 setup failed: $(tail -n 3 "$R/setup.log" | tr '\n' ' ')"
+
+source "$R/cmd.sh"   # CMD=(...), CWD=...
+source "$R/env.sh"   # the caller's environment
+cd -- "$CWD" || fail "cannot cd to $CWD in the guest"
+ulimit -l unlimited || fail "ulimit -l unlimited failed"
+echo start >&3
+"${CMD[@]}" </dev/null >"$OUT" 2>"$ERR"
+rc=$?
+echo "$rc" > "$R/rc"
+echo "end $rc" >&3
+exec 3>&-
+EOF
+
+read -r -d '' MODPROBE_WRAPPER <<'EOF' || true
+#!/bin/busybox sh
+exec /bin/busybox chroot /newroot /sbin/modprobe "$@"
+EOF
+
+# Modules the initramfs needs before the host root is mounted; everything else
+# (rdma_rxe, dummy, ...) is loaded from the host's module tree after the chroot.
+INITRD_MODULES=(virtio_pci virtio_console 9pnet_virtio 9p overlay)
+
+# ---------------------------------------------------------------------------------------
+# Cached kernel + initramfs, keyed by kernel version/build, busybox and this script.
+# ---------------------------------------------------------------------------------------
+CACHE_KEY=$(printf '%s\n' "$KVER" "$(stat -c '%s %Y' "/boot/vmlinuz-$KVER")" \
+  "$(sha256sum <"${BASH_SOURCE[0]}")" "$(stat -c '%s %Y' "$BUSYBOX")" |
+  sha256sum | cut -c1-12)
+
+# The fast PVH boot needs the uncompressed ELF vmlinux inside the bzImage (xz payload
+# on Debian). Try each xz magic until one unpacks to an ELF file.
+extract_vmlinux() {
+  local src=$1 dst=$2 off
+  for off in $(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$src" | cut -d: -f1); do
+    # Process substitution, not a pipe: xz stops reading early and tail's SIGPIPE
+    # would fail the pipeline under pipefail.
+    if xz -dc --single-stream < <(tail -c +$((off + 1)) "$src") >"$dst" 2>/dev/null &&
+       [[ $(head -c 4 "$dst" | od -An -c | tr -d ' ') == '177ELF' ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+build_cache() {
+  local out=$1 root=$1/root path opts dst
+  if ! extract_vmlinux "/boot/vmlinuz-$KVER" "$out/kernel"; then
+    # Slower (bzImage decompresses itself) but still boots.
+    echo "vm: note: could not unpack vmlinux, booting the compressed kernel" >&2
+    cp "/boot/vmlinuz-$KVER" "$out/kernel"
+  fi
+  mkdir -p "$root"/{bin,sbin,dev,proc,sys,lower,rw,newroot,results}
+  cp "$BUSYBOX" "$root/bin/busybox"
+  : >"$root/modules.order"
+  # --show-depends lists every dependency in load order; -a takes several names.
+  while read -r _ path opts; do
+    dst=$root$path
+    mkdir -p "${dst%/*}"
+    case $path in
+      *.ko) cp "$path" "$dst" ;;
+      *.ko.xz) xz -dc "$path" >"${dst%.xz}"; path=${path%.xz} ;;
+      *.ko.gz) gzip -dc "$path" >"${dst%.gz}"; path=${path%.gz} ;;
+      *.ko.zst) zstd -qdc "$path" >"${dst%.zst}"; path=${path%.zst} ;;
+      *) echo "vm: unknown module format $path" >&2; return 1 ;;
+    esac
+    echo "$path $opts" >>"$root/modules.order"
+  done < <(modprobe -S "$KVER" -a --show-depends "${INITRD_MODULES[@]}" |
+           awk '$1 == "insmod" && !seen[$2]++')
+  printf '%s\n' "$GUEST_INIT" >"$root/init"
+  printf '%s\n' "$MODPROBE_WRAPPER" >"$root/sbin/modprobe-chroot"
+  chmod 0755 "$root/init" "$root/sbin/modprobe-chroot"
+  (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -1 >"$out/initrd.gz"
+  rm -rf "$root"
+}
+
+# Returns the cache dir on stdout. Builds into a temp dir and renames it into place so
+# concurrent runs never see a half-written cache.
+prepare_cache() {
+  local final=$VM_DIR/cache/$KVER-$CACHE_KEY tmp
+  if [[ -s $final/kernel && -s $final/initrd.gz ]]; then echo "$final"; return; fi
+  if mkdir -p "$VM_DIR/cache" 2>/dev/null && tmp=$(mktemp -d "$VM_DIR/cache/.build.XXXXXX" 2>/dev/null); then
+    build_cache "$tmp" || { rm -rf "$tmp"; return 1; }
+    chmod 0755 "$tmp"
+    if mv -T "$tmp" "$final" 2>/dev/null; then
+      # Drop caches of other kernels / older versions of this script.
+      find "$VM_DIR/cache" -mindepth 1 -maxdepth 1 ! -name "$KVER-$CACHE_KEY" ! -name '.build.*' \
+        -exec rm -rf {} + 2>/dev/null || true
+    else
+      rm -rf "$tmp"   # another run won the race
+    fi
+    echo "$final"
+  else
+    # Read-only work dir (e.g. inside a Bazel sandbox): build a private copy.
+    tmp=$(mktemp -d)
+    build_cache "$tmp" || return 1
+    echo "$tmp"
+  fi
+}
+
+CACHE=$(prepare_cache) || cannot_start "could not build the kernel/initramfs cache"
+if [[ $PREPARE_ONLY -eq 1 ]]; then
+  echo "vm: cache ready in $CACHE (kernel $KVER)" >&2
+  exit 0
+fi
+
+# ---------------------------------------------------------------------------------------
+# Per-run results dir: instructions for the guest, exit code, logs.
+# ---------------------------------------------------------------------------------------
+if mkdir -p "$VM_DIR/runs" 2>/dev/null && [[ -w $VM_DIR/runs ]]; then
+  # Leftovers of runs that were SIGKILLed.
+  find "$VM_DIR/runs" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+  R=$(mktemp -d "$VM_DIR/runs/run.XXXXXX")
+else
+  R=$(mktemp -d "${TMPDIR:-/tmp}/rdmalloc-vm-run.XXXXXX")
+fi
+R=$(realpath "$R")
+[[ $CACHE == "$VM_DIR"/cache/* ]] || PRIVATE_CACHE=$CACHE
+
+PIDS=()
+QPID=
+INTERRUPTED=
+cleanup() {
+  local p f
+  [[ -n $QPID ]] && kill -TERM "$QPID" 2>/dev/null || true
+  # A reader still blocked in open() (QEMU died early) is released by a dummy writer.
+  for f in "$R"/*.fifo; do [[ -p $f ]] && { exec {fd}<>"$f"; exec {fd}>&-; } ; done 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [[ ${RDMALLOC_VM_KEEP:-0} == 1 ]]; then echo "vm: results kept in $R" >&2; else rm -rf "$R"; fi
+  [[ -n ${PRIVATE_CACHE:-} ]] && rm -rf "$PRIVATE_CACHE"
+  return 0
+}
+trap cleanup EXIT
+trap 'INTERRUPTED=1; [[ -n $QPID ]] && kill -TERM "$QPID" 2>/dev/null' TERM INT HUP
+
+# The command, quoted for bash, and the caller's working directory.
+CWD=$(pwd)
+{
+  printf 'CMD=('; printf ' %q' "$@"; printf ' )\n'
+  printf 'CWD=%q\n' "$CWD"
+} >"$R/cmd.sh"
+
+# The caller's environment, minus shell bookkeeping and this script's own variables.
+write_env() {
+  local name
+  for name in $(compgen -e); do
+    case $name in
+      PWD|OLDPWD|SHLVL|_|_RDMALLOC_VM_*) continue ;;
+    esac
+    printf 'export %s=%q\n' "$name" "${!name}"
+  done
+  [[ -n ${_RDMALLOC_VM_SAVED_LD_PRELOAD+x} ]] &&
+    printf 'export LD_PRELOAD=%q\n' "$_RDMALLOC_VM_SAVED_LD_PRELOAD"
+  [[ -n ${_RDMALLOC_VM_SAVED_LD_LIBRARY_PATH+x} ]] &&
+    printf 'export LD_LIBRARY_PATH=%q\n' "$_RDMALLOC_VM_SAVED_LD_LIBRARY_PATH"
+  return 0
+}
+write_env >"$R/env.sh"
+printf '%s\n' "$GUEST_STAGE2" >"$R/guest.sh"
+
+# Host dirs the guest may write to (everything else is a discarded overlay). These are
+# the places a Bazel test writes results: TEST_TMPDIR, test.xml's dir, undeclared outputs.
+rw_candidates=()
+add_rw() { [[ -n ${1:-} ]] && rw_candidates+=("$1"); return 0; }
+add_rw "${TEST_TMPDIR:-}"
+[[ -n ${XML_OUTPUT_FILE:-} ]] && add_rw "$(dirname -- "$XML_OUTPUT_FILE")"
+add_rw "${TEST_UNDECLARED_OUTPUTS_DIR:-}"
+add_rw "${TEST_UNDECLARED_OUTPUTS_ANNOTATIONS_DIR:-}"
+for f in TEST_PREMATURE_EXIT_FILE TEST_INFRASTRUCTURE_FAILURE_FILE TEST_WARNINGS_OUTPUT_FILE \
+         TEST_SHARD_STATUS_FILE TEST_UNUSED_RUNFILES_LOG_FILE; do
+  [[ -n ${!f:-} ]] && add_rw "$(dirname -- "${!f}")"
+done
+IFS=: read -r -a extra_rw <<<"${RDMALLOC_VM_RW:-}"
+for d in "${extra_rw[@]}"; do add_rw "$d"; done
+
+# Resolve symlinks (the guest mounts outside the chroot, where symlinks would resolve
+# against the initramfs), drop duplicates and dirs nested in another share.
+rw_dirs=()
+for d in "${rw_candidates[@]}"; do
+  [[ $d == /* ]] || d=$CWD/$d
+  mkdir -p -- "$d" 2>/dev/null || { echo "vm: warning: cannot create $d; writes there are lost" >&2; continue; }
+  d=$(realpath -- "$d")
+  [[ $d == / ]] && { echo "vm: warning: refusing to share / writable" >&2; continue; }
+  rw_dirs+=("$d")
+done
+mapfile -t rw_dirs < <(printf '%s\n' "${rw_dirs[@]+"${rw_dirs[@]}"}" | sed '/^$/d' | LC_ALL=C sort -u)
+shares=()
+{
+  kept=()
+  for d in "${rw_dirs[@]+"${rw_dirs[@]}"}"; do
+    nested=0
+    for k in "${kept[@]+"${kept[@]}"}"; do [[ $d == "$k"/* ]] && nested=1; done
+    [[ $nested -eq 1 ]] && continue
+    kept+=("$d")
+    i=${#kept[@]}
+    printf 'rw%d %s\n' "$i" "$d"
+    shares+=(-virtfs "local,path=$d,mount_tag=rw$i,security_model=none,multidevs=remap")
+  done
+  # Last, so it lands on top even if it lies inside one of the shares above.
+  printf 'results %s\n' "$R"
+} >"$R/mounts"
+
+# ---------------------------------------------------------------------------------------
+# Boot.
+# ---------------------------------------------------------------------------------------
+accel=${RDMALLOC_VM_ACCEL:-}
+if [[ -z $accel ]]; then
+  # kvm_pvm (nested "PVM" KVM) cannot run a stock kernel, so emulate instead.
+  if [[ ! -e /sys/module/kvm_pvm ]] && [[ -r /dev/kvm && -w /dev/kvm ]] &&
+     { exec {kfd}<>/dev/kvm; } 2>/dev/null; then
+    exec {kfd}>&-
+    accel=kvm
+  else
+    accel=tcg
+  fi
+fi
+case $accel in
+  kvm) accel_args=(-accel kvm -cpu host) ;;
+  tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
+  *) cannot_start "RDMALLOC_VM_ACCEL must be kvm or tcg, not '$accel'" ;;
+esac
+smp=${RDMALLOC_VM_SMP:-$(nproc)}
+((smp > 4)) && smp=4
+
+# Streams come out through FIFOs read by host-side cat: byte-exact, stdout and stderr
+# kept apart, kernel console kept out of them.
+for f in console ctl out err; do mkfifo "$R/$f.fifo"; done
+if [[ ${RDMALLOC_VM_VERBOSE:-0} == 1 ]]; then
+  tee "$R/console.log" <"$R/console.fifo" >&2 & PIDS+=($!)
+else
+  cat <"$R/console.fifo" >"$R/console.log" & PIDS+=($!)
+fi
+(while IFS= read -r line; do printf '%s %s\n' "${EPOCHREALTIME/[.,]/}" "$line"; done \
+  <"$R/ctl.fifo" >"$R/ctl.log") & PIDS+=($!)
+cat <"$R/out.fifo" & OUT_PID=$!; PIDS+=($OUT_PID)
+cat <"$R/err.fifo" >&2 & ERR_PID=$!; PIDS+=($ERR_PID)
+
+qemu_args=(
+  -name rdmalloc-vm -machine pc "${accel_args[@]}" -m "${RDMALLOC_VM_MEM:-2G}" -smp "$smp"
+  -nodefaults -no-user-config -display none -no-reboot -nic none
+  -kernel "$CACHE/kernel" -initrd "$CACHE/initrd.gz"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init"
+  -chardev "file,id=con,path=$R/console.fifo" -serial chardev:con
+  -device virtio-serial-pci,id=vser
+  -chardev "file,id=ctl,path=$R/ctl.fifo" -device virtserialport,bus=vser.0,chardev=ctl,name=rdmalloc.ctl
+  -chardev "file,id=out,path=$R/out.fifo" -device virtserialport,bus=vser.0,chardev=out,name=rdmalloc.out
+  -chardev "file,id=err,path=$R/err.fifo" -device virtserialport,bus=vser.0,chardev=err,name=rdmalloc.err
+  -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
+  -virtfs "local,path=$R,mount_tag=results,security_model=none,multidevs=remap"
+  "${shares[@]+"${shares[@]}"}"
+)
+
+T0=${EPOCHREALTIME/[.,]/}
+# timeout(1) puts QEMU in its own process group and kills it (then SIGKILL 5 s later).
+timeout -k 5 "$TIMEOUT" "$QEMU" "${qemu_args[@]}" </dev/null >"$R/qemu.log" 2>&1 &
+QPID=$!
+qrc=0
+wait "$QPID" || qrc=$?
+if [[ -n $INTERRUPTED ]]; then
+  wait "$QPID" 2>/dev/null || true
+  QPID=
+  echo "vm: interrupted" >&2
+  exit 143
+fi
+QPID=
+T1=${EPOCHREALTIME/[.,]/}
+# Let the stream readers drain what QEMU wrote before it exited.
+for f in "$R"/*.fifo; do { exec {fd}<>"$f"; exec {fd}>&-; } 2>/dev/null || true; done
+wait "$OUT_PID" "$ERR_PID" 2>/dev/null || true
+wait "${PIDS[@]}" 2>/dev/null || true
+
+secs() { awk -v us="$1" 'BEGIN { printf "%.1f", us / 1e6 }'; }
+t_start=$(awk '$2 == "start" { print $1; exit }' "$R/ctl.log" 2>/dev/null || true)
+t_end=$(awk '$2 == "end" { print $1; exit }' "$R/ctl.log" 2>/dev/null || true)
+rc=$(cat "$R/rc" 2>/dev/null || true)
+
+console_tail() { tail -n 15 "$R/console.log" 2>/dev/null | sed 's/^/vm: console: /' >&2 || true; }
+
+if [[ -n $t_end && $rc =~ ^[0-9]+$ ]]; then
+  echo "vm: booted in $(secs $((t_start - T0))) s, command ran $(secs $((t_end - t_start))) s, exit $rc" >&2
+  exit "$rc"
+fi
+if [[ $qrc -eq 124 || $qrc -eq 137 ]]; then
+  if [[ -n $t_start ]]; then
+    echo "vm: timed out after $TIMEOUT s (booted in $(secs $((t_start - T0))) s, command killed after $(secs $((T1 - t_start))) s)" >&2
+  else
+    echo "vm: timed out after $TIMEOUT s before the command started" >&2
+    console_tail
+  fi
+  exit 124
+fi
+if [[ -s $R/fail ]]; then
+  cannot_start "$(head -c 500 "$R/fail")"
+fi
+if [[ -z $t_start ]]; then
+  if [[ $qrc -ne 0 ]]; then
+    cannot_start "qemu exited $qrc: $(grep -v '^$' "$R/qemu.log" | tail -n 1)"
+  fi
+  console_tail
+  cannot_start "guest stopped before the command started (see console above)"
+fi
+# The command started but the guest went away without reporting (kernel crash?).
+echo "vm: guest stopped while the command ran ($(secs $((T1 - t_start))) s, qemu exit $qrc)" >&2
+console_tail
+exit 125
