@@ -27,7 +27,6 @@ constexpr int kKnownAccess = RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOT
                              RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_ATOMIC |
                              RDMALLOC_ACCESS_RELAXED_ORDERING;
 
-Heap g_heap;
 
 uint64_t NowNs() {
   timespec ts;
@@ -35,16 +34,6 @@ uint64_t NowNs() {
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
-// Each thread bumps its own stripe: no shared cache line on the lookup path.
-std::atomic<unsigned> g_next_stripe{0};
-__attribute__((tls_model("initial-exec"))) thread_local unsigned t_stripe = ~0u;
-
-unsigned StripeIndex() {
-  if (__builtin_expect(t_stripe == ~0u, 0)) {
-    t_stripe = g_next_stripe.fetch_add(1, std::memory_order_relaxed) % 64;
-  }
-  return t_stripe;
-}
 
 void* MapAligned(size_t bytes, size_t align) {
   size_t span = bytes + align;
@@ -66,7 +55,18 @@ BackendKind g_kind = BackendKind::kNone;
 
 }  // namespace
 
-Heap& TheHeap() { return g_heap; }
+Heap g_heap;
+
+namespace {
+std::atomic<unsigned> g_next_stripe{0};
+}  // namespace
+
+__thread unsigned t_stripe = ~0u;
+
+unsigned AssignStripe() {
+  t_stripe = g_next_stripe.fetch_add(1, std::memory_order_relaxed) % Heap::kStripes;
+  return t_stripe;
+}
 
 void Heap::Log(int level, const char* format, ...) const {
   if (config_.verbose < level) return;
@@ -158,8 +158,7 @@ const char* Heap::DeviceDescription() {
   return registrar_->device_name();
 }
 
-int Heap::DomainIndex(ibv_pd* pd) const {
-  if (pd == nullptr) return 0;
+int Heap::DomainIndexSlow(ibv_pd* pd) const {
   for (int i = 1; i < kMaxDomains; i++) {
     if (domains_[i].pd.load(std::memory_order_acquire) == pd &&
         domains_[i].state.load(std::memory_order_acquire) == DomainSlot::kOpen)
@@ -500,70 +499,24 @@ void Heap::RegisterAllLive(int d) {
 
 // ------------------------------------------------------------------ lookups
 
-void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                    uint32_t shift, void* handle, rdmalloc_keys* out) const {
-  uintptr_t base = r->begin();
-  uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
-  out->lkey = lkey + step;
-  out->rkey = rkey + step;
-  out->handle = handle;
-  out->mr = static_cast<ibv_mr*>(r->reg[d].mr.load(std::memory_order_relaxed));
-  out->region_base = reinterpret_cast<void*>(base);
-  out->region_len = r->length();
-  out->addr = reinterpret_cast<const void*>(a);
-  out->len = len;
-  out->reg_errno = 0;
-  out->domain = d;
-}
-
-int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
-  std::atomic<uint64_t>& count = stripes_[StripeIndex()].lookups;
-  count.store(count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  if (out == nullptr || len > UINTPTR_MAX - a) return Fail(RDMALLOC_EINVAL, &lookup_einval_);
-  int d = DomainIndex(pd);
-  if (d < 0) return Fail(RDMALLOC_EINVAL, &lookup_einval_);
-  Region* r = map_.Find(a);
-  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
-  uint64_t seq = r->seq.load(std::memory_order_acquire);
-  uintptr_t base = r->begin();
-  size_t size = r->length();
-  if (!(seq & 1) || a < base || a - base >= size) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
-  if (len > size - (a - base)) return Fail(RDMALLOC_ECROSS, &lookup_cross_);
-  RegSlot& s = r->reg[d];
-  uint32_t q = s.seq.load(std::memory_order_acquire);
-  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
-    uint32_t lkey = s.lkey.load(std::memory_order_relaxed);
-    uint32_t rkey = s.rkey.load(std::memory_order_relaxed);
-    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
-    void* handle = s.handle.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq) {
-      FillKeys(r, d, a, len, lkey, rkey, shift, handle, out);
-      return RDMALLOC_OK;
-    }
-  }
-  return LookupSlow(a, len, d, out);
-}
-
 int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   lookup_slow_.fetch_add(1, std::memory_order_relaxed);
   DrainPending();
   EnsureBackend();
   Region* r = map_.Find(a);
-  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   r->reg_lock.Lock();
   if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
     Unlock(r, false);
-    return Fail(RDMALLOC_ENOTOURS, &lookup_not_ours_);
+    return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
   if (!r->Contains(a, len)) {
     Unlock(r, false);
-    return Fail(RDMALLOC_ECROSS, &lookup_cross_);
+    return Fail(RDMALLOC_ECROSS, MyStripe().cross);
   }
   if (d != 0 && domains_[d].state.load() != DomainSlot::kOpen) {
     Unlock(r, false);
-    return Fail(RDMALLOC_EINVAL, &lookup_einval_);
+    return Fail(RDMALLOC_EINVAL, MyStripe().einval);
   }
   RegSlot& s = r->reg[d];
   int err = s.state.load() == RegSlot::kRegistered ? 0 : RegisterLocked(r, d);
@@ -573,7 +526,7 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
     out->reg_errno = err;
     out->domain = d;
     errno = err;
-    return Fail(RDMALLOC_EREGFAIL, &lookup_reg_failed_);
+    return Fail(RDMALLOC_EREGFAIL, lookup_reg_failed_);
   }
   FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(), out);
   Unlock(r, false);
@@ -700,11 +653,13 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.reg_ns = get(reg_ns_);
   s.dereg_ns = get(dereg_ns_);
   s.reg_failures = get(reg_failures_);
-  for (const Stripe& st : stripes_) s.lookups += get(st.lookups);
-  s.lookup_not_ours = get(lookup_not_ours_);
-  s.lookup_cross = get(lookup_cross_);
+  for (const Stripe& st : stripes_) {
+    s.lookups += get(st.lookups);
+    s.lookup_not_ours += get(st.not_ours);
+    s.lookup_cross += get(st.cross);
+    s.lookup_einval += get(st.einval);
+  }
   s.lookup_reg_failed = get(lookup_reg_failed_);
-  s.lookup_einval = get(lookup_einval_);
   s.lookup_slow = get(lookup_slow_);
   s.foreign_extents = get(foreign_extents_);
   s.releases_deferred = get(releases_deferred_);

@@ -26,6 +26,8 @@ constexpr size_t kMaxRegions = 16384;
 
 class Heap {
  public:
+  static constexpr unsigned kStripes = 64;  // lookup counters, one cache line each
+
   constexpr Heap() = default;
   Heap(const Heap&) = delete;
   Heap& operator=(const Heap&) = delete;
@@ -47,7 +49,8 @@ class Heap {
   void CountForeign() { foreign_extents_.fetch_add(1, std::memory_order_relaxed); }
 
   // --- API side: ordinary context; may allocate and block.
-  int Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out);
+  // The hit path is inline: no lock, no allocation, no system call.
+  inline int Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out);
   int AddDomain(ibv_pd* pd, int access);
   int RemoveDomain(ibv_pd* pd);
   const char* BackendName();
@@ -73,9 +76,20 @@ class Heap {
     std::atomic<Domain*> domain{nullptr};
     std::atomic<int> state{kFree};
   };
+  // Lookup counters of one thread (or a few, past kStripes threads), on a
+  // cache line of their own. Bumped with a plain load and store: exact while
+  // each thread has its own stripe.
   struct alignas(64) Stripe {
-    std::atomic<uint64_t> lookups{0};
+    std::atomic<uint64_t> lookups{0}, not_ours{0}, cross{0}, einval{0};
   };
+  static void Bump(std::atomic<uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  Stripe& MyStripe() {
+    unsigned stripe = t_stripe_index();
+    return stripes_[stripe];
+  }
+  static unsigned t_stripe_index();
   struct DomainCounters {
     std::atomic<uint64_t> bytes_registered{0}, reg_calls{0}, dereg_calls{0}, reg_failures{0};
     void Reset() {
@@ -86,13 +100,14 @@ class Heap {
     }
   };
 
-  int DomainIndex(ibv_pd* pd) const;
-  int LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
-  void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                uint32_t shift, void* handle, rdmalloc_keys* out) const;
+  int DomainIndex(ibv_pd* pd) const { return pd == nullptr ? 0 : DomainIndexSlow(pd); }
+  int DomainIndexSlow(ibv_pd* pd) const;
+  __attribute__((noinline)) int LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
+                       uint32_t shift, void* handle, rdmalloc_keys* out) const;
   int EnsureBackend();
-  int Fail(int code, std::atomic<uint64_t>* counter) {
-    counter->fetch_add(1, std::memory_order_relaxed);
+  int Fail(int code, std::atomic<uint64_t>& counter) {
+    Bump(counter);
     return code;
   }
 
@@ -132,15 +147,72 @@ class Heap {
   Region* pending_ = nullptr;  // empty regions whose release must leave hook context
   std::atomic<int> pending_count_{0};
 
-  Stripe stripes_[64];
+  Stripe stripes_[kStripes];
   std::atomic<uint64_t> regions_created_{0}, regions_released_{0}, bytes_mapped_{0},
       pages_in_use_{0}, bytes_registered_{0}, bytes_pinned_{0}, reg_calls_{0}, dereg_calls_{0}, reg_ns_{0},
-      dereg_ns_{0}, reg_failures_{0}, lookup_not_ours_{0}, lookup_cross_{0},
-      lookup_reg_failed_{0}, lookup_einval_{0}, lookup_slow_{0}, foreign_extents_{0},
+      dereg_ns_{0}, reg_failures_{0}, lookup_reg_failed_{0}, lookup_slow_{0}, foreign_extents_{0},
       releases_deferred_{0}, cap_hits_{0};
 };
 
-Heap& TheHeap();
+// Each thread bumps its own stripe of the lookup counter: no shared cache
+// line on the lookup path (threads beyond kStripes share stripes).
+// __thread, not thread_local: no TLS wrapper function across translation units.
+extern __thread unsigned t_stripe __attribute__((tls_model("initial-exec"), visibility("hidden")));
+unsigned AssignStripe();
+
+extern __attribute__((visibility("hidden"))) Heap g_heap;
+inline Heap& TheHeap() { return g_heap; }
+
+inline unsigned Heap::t_stripe_index() {
+  unsigned stripe = t_stripe;
+  return __builtin_expect(stripe != ~0u, 1) ? stripe : AssignStripe();
+}
+
+inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
+                    uint32_t shift, void* handle, rdmalloc_keys* out) const {
+  uintptr_t base = r->begin();
+  uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+  out->lkey = lkey + step;
+  out->rkey = rkey + step;
+  out->handle = handle;
+  out->mr = static_cast<ibv_mr*>(r->reg[d].mr.load(std::memory_order_relaxed));
+  out->region_base = reinterpret_cast<void*>(base);
+  out->region_len = r->length();
+  out->addr = reinterpret_cast<const void*>(a);
+  out->len = len;
+  out->reg_errno = 0;
+  out->domain = d;
+}
+
+inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
+  Stripe& st = MyStripe();
+  Bump(st.lookups);
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  if (out == nullptr || len > UINTPTR_MAX - a) return Fail(RDMALLOC_EINVAL, st.einval);
+  int d = DomainIndex(pd);
+  if (d < 0) return Fail(RDMALLOC_EINVAL, st.einval);
+  Region* r = map_.Find(a);
+  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, st.not_ours);
+  uint64_t seq = r->seq.load(std::memory_order_acquire);
+  uintptr_t base = r->begin();
+  size_t size = r->length();
+  if (!(seq & 1) || a < base || a - base >= size) return Fail(RDMALLOC_ENOTOURS, st.not_ours);
+  if (len > size - (a - base)) return Fail(RDMALLOC_ECROSS, st.cross);
+  RegSlot& s = r->reg[d];
+  uint32_t q = s.seq.load(std::memory_order_acquire);
+  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
+    uint32_t lkey = s.lkey.load(std::memory_order_relaxed);
+    uint32_t rkey = s.rkey.load(std::memory_order_relaxed);
+    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
+    void* handle = s.handle.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq) {
+      FillKeys(r, d, a, len, lkey, rkey, shift, handle, out);
+      return RDMALLOC_OK;
+    }
+  }
+  return LookupSlow(a, len, d, out);
+}
 
 }  // namespace rdmalloc
 

@@ -8,4 +8,5 @@ apt-get install -y -q --no-install-recommends \
   bazel-bootstrap g++ binutils ca-certificates \
   libjemalloc-dev libjemalloc2 liburing-dev libibverbs-dev ibverbs-providers \
   libgtest-dev libbenchmark-dev \
-  python3 sqlite3 coreutils procps pkg-config
+  python3 sqlite3 coreutils procps pkg-config \
+  libucx-dev gnuplot-nox

@@ -20,6 +20,7 @@
 #   RDMALLOC_VM_KVER     kernel version to boot (default: newest in /boot with rdma_rxe)
 #   RDMALLOC_VM_RW       extra colon-separated host dirs the guest may write to
 #   RDMALLOC_VM_VERBOSE  1: copy the guest console to stderr while it runs
+#   RDMALLOC_VM_APPEND   extra kernel command line (e.g. "loglevel=7" to debug a boot)
 #   RDMALLOC_VM_KEEP     1: keep the per-run results dir (its path is printed)
 # The caller's whole environment is passed to CMD (see write_env below).
 set -euo pipefail
@@ -98,7 +99,7 @@ fail() {
 while read -r mod opts; do
   insmod "$mod" $opts || fail "insmod $mod failed"
 done < /modules.order
-P9=trans=virtio,version=9p2000.L,msize=524288
+P9=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o $P9,cache=mmap results /results || fail "cannot mount results share"
 R=$(sed -n 's/^results[[:space:]]*//p' /results/mounts)
 # cache=loose: the host root does not change under us and it makes exec/reads fast.
@@ -414,7 +415,7 @@ qemu_args=(
   -name rdmalloc-vm -machine pc "${accel_args[@]}" -m "${RDMALLOC_VM_MEM:-2G}" -smp "$smp"
   -nodefaults -no-user-config -display none -no-reboot -nic none
   -kernel "$CACHE/kernel" -initrd "$CACHE/initrd.gz"
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init ${RDMALLOC_VM_APPEND:-}"
   -chardev "file,id=con,path=$R/console.fifo" -serial chardev:con
   -device virtio-serial-pci,id=vser
   -chardev "file,id=ctl,path=$R/ctl.fifo" -device virtserialport,bus=vser.0,chardev=ctl,name=rdmalloc.ctl

@@ -1,0 +1,179 @@
+// The message path: a fresh buffer per message — malloc(n), get keys, touch,
+// free — three ways, all pinning through the same io_uring backend:
+//   Rdmalloc:     rdmalloc_lookup (the heap is registered already);
+//   RegPerMsg:    register and deregister the buffer for every message;
+//   UcxRcache:    UCX's registration cache (ucs_rcache, UCM memory events on),
+//                 the status quo in MPI libraries today.
+// Plus registration calls per GiB allocated in steady state (from stats).
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+#include <ucm/api/ucm.h>
+extern "C" {  // rcache.h has no C++ guards of its own
+#include <ucs/memory/rcache.h>
+}
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "allocator/rdmalloc.h"
+#include "verbs/uring_registrar.h"
+
+namespace {
+
+constexpr uintptr_t kPage = 4096;
+
+// A separate ring of the same backend for the two baselines.
+rdmalloc::Domain* BaselineDomain() {
+  static rdmalloc::Domain* domain = [] {
+    int err = 0;
+    static std::unique_ptr<rdmalloc::Registrar> registrar = rdmalloc::MakeUringRegistrar();
+    rdmalloc::Domain* d = registrar->OpenDomain(nullptr, 0, &err);
+    if (d == nullptr) fprintf(stderr, "cannot open an io_uring domain: errno %d\n", err);
+    return d;
+  }();
+  return domain;
+}
+
+void Touch(char* p, size_t n) {
+  p[0] = 1;
+  p[n - 1] = 2;
+  benchmark::ClobberMemory();
+}
+
+void BM_FreshBuffer_Rdmalloc(benchmark::State& state) {
+  size_t n = static_cast<size_t>(state.range(0));
+  rdmalloc_keys k;
+  for (auto _ : state) {
+    char* p = static_cast<char*>(malloc(n));
+    if (rdmalloc_lookup(p, n, nullptr, &k) != RDMALLOC_OK) state.SkipWithError("lookup failed");
+    Touch(p, n);
+    benchmark::DoNotOptimize(k.lkey);
+    free(p);
+  }
+}
+
+void BM_FreshBuffer_RegPerMsg(benchmark::State& state) {
+  size_t n = static_cast<size_t>(state.range(0));
+  rdmalloc::Domain* d = BaselineDomain();
+  for (auto _ : state) {
+    char* p = static_cast<char*>(malloc(n));
+    uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(kPage - 1);
+    size_t len = (reinterpret_cast<uintptr_t>(p) + n - start + kPage - 1) & ~(kPage - 1);
+    rdmalloc::Registration reg;
+    if (d->Register(reinterpret_cast<void*>(start), len, &reg) != 0) state.SkipWithError("register");
+    Touch(p, n);
+    d->Deregister(reinterpret_cast<void*>(start), len, reg);
+    free(p);
+  }
+}
+
+struct UcxRegion {
+  ucs_rcache_region_t super;
+  rdmalloc::Registration reg;
+};
+
+ucs_status_t UcxMemReg(void* ctx, ucs_rcache_t*, void*, ucs_rcache_region_t* r, uint16_t) {
+  auto* region = reinterpret_cast<UcxRegion*>(r);
+  auto* d = static_cast<rdmalloc::Domain*>(ctx);
+  void* start = reinterpret_cast<void*>(r->super.start);
+  size_t len = r->super.end - r->super.start;
+  return d->Register(start, len, &region->reg) == 0 ? UCS_OK : UCS_ERR_IO_ERROR;
+}
+
+void UcxMemDereg(void* ctx, ucs_rcache_t*, ucs_rcache_region_t* r) {
+  auto* region = reinterpret_cast<UcxRegion*>(r);
+  static_cast<rdmalloc::Domain*>(ctx)->Deregister(
+      reinterpret_cast<void*>(r->super.start), r->super.end - r->super.start, region->reg);
+}
+
+void UcxDump(void*, ucs_rcache_t*, ucs_rcache_region_t*, char* buf, size_t max) {
+  snprintf(buf, max, "uring");
+}
+
+ucs_rcache_t* UcxCache() {
+  static ucs_rcache_t* cache = [] {
+    static const ucs_rcache_ops_t ops = {UcxMemReg, UcxMemDereg, UcxDump};
+    ucs_rcache_params_t params;
+    memset(&params, 0, sizeof params);
+    params.region_struct_size = sizeof(UcxRegion);
+    params.alignment = kPage;
+    params.max_alignment = kPage;
+    params.ucm_events = UCM_EVENT_VM_UNMAPPED;  // UCX's memory hooks: as in MPI
+    params.ucm_event_priority = 1000;
+    params.ops = &ops;
+    params.context = BaselineDomain();
+    params.max_regions = ULONG_MAX;
+    params.max_size = SIZE_MAX;
+    params.max_unreleased = SIZE_MAX;
+    ucs_rcache_t* c = nullptr;
+    if (ucs_rcache_create(&params, "bench", nullptr, &c) != UCS_OK) {
+      fprintf(stderr, "ucs_rcache_create failed\n");
+      return static_cast<ucs_rcache_t*>(nullptr);
+    }
+    return c;
+  }();
+  return cache;
+}
+
+void BM_FreshBuffer_UcxRcache(benchmark::State& state) {
+  size_t n = static_cast<size_t>(state.range(0));
+  ucs_rcache_t* cache = UcxCache();
+  if (cache == nullptr) {
+    state.SkipWithError("no UCX rcache");
+    return;
+  }
+  for (auto _ : state) {
+    char* p = static_cast<char*>(malloc(n));
+    ucs_rcache_region_t* region = nullptr;
+    if (ucs_rcache_get(cache, p, n, PROT_READ | PROT_WRITE, nullptr, &region) != UCS_OK)
+      state.SkipWithError("ucs_rcache_get failed");
+    Touch(p, n);
+    ucs_rcache_region_put(cache, region);
+    free(p);
+  }
+}
+
+#define SIZES Arg(64)->Arg(1 << 10)->Arg(16 << 10)->Arg(64 << 10)->Arg(256 << 10)->Arg(1 << 20)->Arg(4 << 20)
+BENCHMARK(BM_FreshBuffer_Rdmalloc)->SIZES;
+BENCHMARK(BM_FreshBuffer_RegPerMsg)->SIZES;
+BENCHMARK(BM_FreshBuffer_UcxRcache)->SIZES;
+
+// Steady state: after warm-up, a long churn of fresh buffers with lookups
+// should need no registration at all.
+void BM_RegistrationsPerGiB(benchmark::State& state) {
+  auto churn = [](size_t bytes_total) {
+    size_t done = 0;
+    uint64_t x = 88172645463325252ull;
+    rdmalloc_keys k;
+    while (done < bytes_total) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      size_t n = size_t{64} << (x % 17);  // 64 B .. 4 MiB
+      char* p = static_cast<char*>(malloc(n));
+      rdmalloc_lookup(p, n, nullptr, &k);
+      Touch(p, n);
+      free(p);
+      done += n;
+    }
+  };
+  churn(size_t{1} << 30);  // warm-up: 1 GiB
+  struct rdmalloc_stats before;
+  rdmalloc_stats(&before, sizeof before);
+  double gib = 0;
+  for (auto _ : state) {
+    churn(size_t{1} << 30);
+    gib += 1;
+  }
+  struct rdmalloc_stats after;
+  rdmalloc_stats(&after, sizeof after);
+  state.counters["reg_per_GiB"] = (after.reg_calls - before.reg_calls) / gib;
+  state.counters["dereg_per_GiB"] = (after.dereg_calls - before.dereg_calls) / gib;
+}
+BENCHMARK(BM_RegistrationsPerGiB)->Iterations(4)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Runs rdmalloc's benchmarks side by side and writes docs/BENCHMARKS.md.
+
+Allocator workloads: the same binaries under glibc, stock Debian jemalloc and
+rdmalloc (LD_PRELOAD), interleaved A B C A B C ..., medians of N rounds, peak
+RSS of each run. Then the lookup and message-path benchmarks (in-process,
+Google Benchmark). This machine is noisy: compare ratios from one run only.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, ".bazel", "bin")
+WORKLOADS = ["larson", "xmalloc", "cache_scratch", "mstress", "small_loop", "large_blocks"]
+ALLOCATORS = ["glibc", "jemalloc", "rdmalloc"]
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def preload(allocator):
+    if allocator == "glibc":
+        return None
+    if allocator == "jemalloc":
+        return sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))[0]
+    return os.path.join(BIN, "allocator", "librdmalloc.so")
+
+
+def run_once(binary, args, allocator):
+    """Returns (ops_per_s, peak_rss_kib) of one run."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    lib = preload(allocator)
+    if lib:
+        env["LD_PRELOAD"] = lib
+    proc = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, env=env, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.stdout.close()
+    if status != 0:
+        raise RuntimeError(f"{binary} {args} under {allocator} failed: status {status}")
+    fields = dict(kv.split("=", 1) for kv in out.split())
+    return float(fields["ops_per_s"]), usage.ru_maxrss
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def workloads(rounds, threads_list):
+    rows = []
+    for name in WORKLOADS:
+        binary = os.path.join(BIN, "benchmarks", "workloads", name)
+        for threads in threads_list:
+            res = {a: {"ops": [], "rss": []} for a in ALLOCATORS}
+            for _ in range(rounds):
+                for a in ALLOCATORS:  # interleaved: A B C A B C ...
+                    ops, rss = run_once(binary, [str(threads)], a)
+                    res[a]["ops"].append(ops)
+                    res[a]["rss"].append(rss)
+            row = {"workload": name, "threads": threads}
+            for a in ALLOCATORS:
+                row[a] = median(res[a]["ops"])
+                row[a + "_rss"] = max(res[a]["rss"])
+            row["rdm_vs_jem"] = row["rdmalloc"] / row["jemalloc"]
+            row["rdm_vs_glibc"] = row["rdmalloc"] / row["glibc"]
+            row["rss_vs_jem"] = row["rdmalloc_rss"] / row["jemalloc_rss"]
+            rows.append(row)
+            print(f"{name:14s} t={threads} glibc={row['glibc']:.3g} jemalloc={row['jemalloc']:.3g} "
+                  f"rdmalloc={row['rdmalloc']:.3g} rdm/jem={row['rdm_vs_jem']:.3f} "
+                  f"rdm/glibc={row['rdm_vs_glibc']:.3f} rss rdm/jem={row['rss_vs_jem']:.2f}",
+                  flush=True)
+    return rows
+
+
+def gbench(binary, args):
+    out = sh([binary, "--benchmark_format=json"] + args)
+    return json.loads(out)["benchmarks"]
+
+
+def message_path(min_time):
+    bms = gbench(os.path.join(BIN, "benchmarks", "message_path_benchmark"),
+                 [f"--benchmark_min_time={min_time}"])
+    per = {}
+    steady = {}
+    for b in bms:
+        name = b["name"]
+        if name.startswith("BM_RegistrationsPerGiB"):
+            steady = {"reg_per_GiB": b.get("reg_per_GiB", 0), "dereg_per_GiB": b.get("dereg_per_GiB", 0)}
+            continue
+        kind, size = name.split("/")[0].replace("BM_FreshBuffer_", ""), int(name.split("/")[1])
+        per.setdefault(size, {})[kind] = b["real_time"]  # ns
+    return per, steady
+
+
+def lookup(min_time):
+    bms = gbench(os.path.join(BIN, "benchmarks", "lookup_benchmark"),
+                 [f"--benchmark_min_time={min_time}", "--benchmark_repetitions=5",
+                  "--benchmark_report_aggregates_only=true"])
+    return {b["name"]: b["cpu_time"] for b in bms if b["name"].endswith("_median")}
+
+
+def fmt_size(n):
+    for unit, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= s:
+            return f"{n // s} {unit}"
+    return f"{n} B"
+
+
+def plot(rows, per, png):
+    data = os.path.join(os.path.dirname(png), "benchmarks.dat")
+    msg = os.path.join(os.path.dirname(png), "benchmarks_msg.dat")
+    with open(data, "w") as f:
+        for r in rows:
+            f.write(f"\"{r['workload']}/{r['threads']}t\" {r['glibc'] / r['jemalloc']:.4f} 1.0 "
+                    f"{r['rdm_vs_jem']:.4f}\n")
+    with open(msg, "w") as f:
+        for size in sorted(per):
+            p = per[size]
+            f.write(f"\"{fmt_size(size)}\" {p.get('Rdmalloc', 0):.2f} {p.get('UcxRcache', 0):.2f} "
+                    f"{p.get('RegPerMsg', 0):.2f}\n")
+    script = f"""
+set terminal png size 1400,560 font ",11"
+set output "{png}"
+set multiplot layout 1,2
+set title "Allocator throughput relative to stock jemalloc (higher is better)"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set xtics rotate by -35
+set yrange [0:*]
+set grid ytics
+set key top left
+plot "{data}" using 2:xtic(1) title "glibc", "" using 3 title "jemalloc", "" using 4 title "rdmalloc"
+set title "Fresh buffer per message: ns per message (log scale, lower is better)"
+set logscale y
+set yrange [*:*]
+plot "{msg}" using 2:xtic(1) title "rdmalloc lookup", "" using 3 title "UCX rcache", "" using 4 title "register+deregister"
+unset multiplot
+"""
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    os.remove(data)
+    os.remove(msg)
+
+
+def write_markdown(path, rows, per, steady, look, args, started):
+    git = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    glibc = platform.libc_ver()[1]
+    L = []
+    L.append("# rdmalloc benchmarks\n")
+    L.append(f"Generated by `bash benchmarks/run.sh` (`benchmarks/run.py --rounds {args.rounds}`) on "
+             f"{started:%Y-%m-%d %H:%M} UTC, rdmalloc {git}.\n")
+    L.append(f"Machine: {os.cpu_count()} cores ({cpu}), {platform.release()} kernel; glibc {glibc}; "
+             "Debian jemalloc 5.3.0 (`LD_PRELOAD=libjemalloc.so.2`); rdmalloc on the io_uring "
+             "backend (no RDMA device here). Every number below comes from this one run; the "
+             "machine is shared and noisy, so read ratios, not absolute values.\n")
+    L.append("![throughput and message path](benchmarks.png)\n")
+    L.append("## Allocator workloads\n")
+    L.append(f"Operations per second, median of {args.rounds} interleaved runs per allocator "
+             "(same binaries; see `benchmarks/workloads/README.md`). Peak RSS is the largest of the runs.\n")
+    L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | rdmalloc / glibc | "
+             "peak RSS jemalloc | peak RSS rdmalloc | RSS rdmalloc / jemalloc |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        L.append(f"| {r['workload']} | {r['threads']} | {r['glibc']:.3g} | {r['jemalloc']:.3g} | "
+                 f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {r['rdm_vs_glibc']:.3f} | "
+                 f"{r['jemalloc_rss'] / 1024:.1f} MiB | {r['rdmalloc_rss'] / 1024:.1f} MiB | "
+                 f"{r['rss_vs_jem']:.2f} |")
+    worst = min(rows, key=lambda r: r["rdm_vs_jem"])
+    L.append("")
+    L.append(f"Lowest throughput ratio to jemalloc: {worst['rdm_vs_jem']:.3f} ({worst['workload']}, "
+             f"{worst['threads']} thread(s)); target ≥ 0.97.\n")
+    L.append("## Lookup\n")
+    L.append("`rdmalloc_lookup` on a registered region (CPU time per call, median of 5 repetitions; "
+             "with 2 threads each thread's own time):\n")
+    L.append("| benchmark | ns |")
+    L.append("|---|---|")
+    for name, ns in look.items():
+        L.append(f"| {name.replace('_median', '')} | {ns:.2f} |")
+    L.append("")
+    L.append("## The message path: a fresh buffer per message\n")
+    L.append("Each message: `malloc(n)`, get keys for it, touch it, `free`. Keys come from "
+             "`rdmalloc_lookup` (the heap is registered already), from registering and deregistering "
+             "the buffer every time, or from UCX's registration cache (`ucs_rcache` from Debian's "
+             "libucx 1.13, with its UCM memory events on, as MPI libraries use it). All three pin "
+             "through the same io_uring backend. ns per message:\n")
+    L.append("| n | rdmalloc | UCX rcache | register + deregister | UCX / rdmalloc | reg+dereg / rdmalloc |")
+    L.append("|---|---|---|---|---|---|")
+    for size in sorted(per):
+        p = per[size]
+        L.append(f"| {fmt_size(size)} | {p['Rdmalloc']:.1f} | {p['UcxRcache']:.1f} | {p['RegPerMsg']:.1f} | "
+                 f"{p['UcxRcache'] / p['Rdmalloc']:.1f}× | {p['RegPerMsg'] / p['Rdmalloc']:.0f}× |")
+    L.append("")
+    L.append(f"Steady state, after 1 GiB of warm-up churn (64 B – 4 MiB buffers, each looked up): "
+             f"**{steady.get('reg_per_GiB', 0):g} registrations and {steady.get('dereg_per_GiB', 0):g} "
+             "deregistrations per GiB allocated**.\n")
+    L.append("Registering through io_uring costs far less than `ibv_reg_mr` on a NIC (UCX models "
+             "the latter as 16 µs + 0.06 ns/B, i.e. ≈ 20 µs for 64 KiB and ≈ 268 µs for 4 MiB), so the "
+             "register-per-message column here understates what rdmalloc saves on real hardware.\n")
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--min-time", default="0.5")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
+    args = ap.parse_args()
+    started = datetime.datetime.utcnow()
+    subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks/...", "//allocator:librdmalloc.so"],
+                   cwd=ROOT, check=True)
+    rows = workloads(args.rounds, [int(t) for t in args.threads.split(",")])
+    per, steady = message_path(args.min_time)
+    look = lookup(args.min_time)
+    plot(rows, per, os.path.join(os.path.dirname(args.out), "benchmarks.png"))
+    write_markdown(args.out, rows, per, steady, look, args, started)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
