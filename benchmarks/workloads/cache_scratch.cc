@@ -21,7 +21,7 @@ namespace {
 
 constexpr size_t kObjSize = 8;
 constexpr int kWrites = 1000;
-constexpr double kTotalIterations = 250e3;
+constexpr double kTotalIterations = 1e6;
 
 class Rng {
  public:
@@ -131,6 +131,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("workload=cache_scratch threads=%d ops=%llu seconds=%.3f ops_per_s=%.0f\n", threads,
-         (unsigned long long)ops, secs, ops / secs);
+         (unsigned long long)ops, secs, static_cast<double>(ops) / secs);
   return 0;
 }

@@ -27,7 +27,7 @@ constexpr size_t kMinSize = 16;
 constexpr size_t kMaxSize = 1024;
 constexpr size_t kSlots = 4096;
 constexpr int kEpochs = 40;
-constexpr double kTotalSteps = 20e6;
+constexpr double kTotalSteps = 130e6;
 
 // xorshift64, seeded through splitmix64 so that small seeds give good streams.
 class Rng {
@@ -189,6 +189,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("workload=larson threads=%d ops=%llu seconds=%.3f ops_per_s=%.0f\n", threads,
-         (unsigned long long)sum.ops, secs, sum.ops / secs);
+         (unsigned long long)sum.ops, secs, static_cast<double>(sum.ops) / secs);
   return 0;
 }

@@ -31,7 +31,7 @@ constexpr size_t kMaxSize = 1 << 20;
 constexpr size_t kWindow = 1024;      // per thread
 constexpr size_t kSharedPerThread = 256;
 constexpr long kStepsPerRound = 200000;
-constexpr double kTotalSteps = 10e6;
+constexpr double kTotalSteps = 32e6;
 
 class Rng {
  public:
@@ -53,7 +53,7 @@ class Rng {
 };
 
 size_t PickSize(uint64_t r) {
-  unsigned bucket = r % 1000;
+  unsigned bucket = static_cast<unsigned>(r % 1000);
   r >>= 10;
   if (bucket < 900) return kMinSize + r % (1024 - kMinSize + 1);
   if (bucket < 995) return 1024 + r % ((64 << 10) - 1024 + 1);
@@ -132,7 +132,7 @@ void Worker(int id, long steps, std::atomic<char*>* shared, size_t shared_slots,
   std::vector<char*> window(kWindow, nullptr);
   for (long s = 0; s < steps; s++) {
     uint64_t r = rng.Next();
-    unsigned action = r % 100;
+    unsigned action = static_cast<unsigned>(r % 100);
     r >>= 7;
     size_t n = PickSize(rng.Next());
     if (action < 50) {
@@ -210,6 +210,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("workload=mstress threads=%d ops=%llu seconds=%.3f ops_per_s=%.0f\n", threads,
-         (unsigned long long)sum.ops, secs, sum.ops / secs);
+         (unsigned long long)sum.ops, secs, static_cast<double>(sum.ops) / secs);
   return 0;
 }

@@ -25,7 +25,7 @@ constexpr size_t kMinSize = 16;
 constexpr size_t kMaxSize = 512;
 constexpr size_t kBatch = 128;   // objects per batch
 constexpr size_t kRing = 64;     // batches in flight per pair
-constexpr double kTotalObjects = 20e6;
+constexpr double kTotalObjects = 40e6;
 
 class Rng {
  public:
@@ -179,6 +179,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("workload=xmalloc threads=%d ops=%llu seconds=%.3f ops_per_s=%.0f\n", threads,
-         (unsigned long long)ops, secs, ops / secs);
+         (unsigned long long)ops, secs, static_cast<double>(ops) / secs);
   return 0;
 }

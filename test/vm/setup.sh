@@ -9,6 +9,7 @@ set -euo pipefail
 # rdma-core/ibverbs-*/perftest/rdmacm-utils/iproute2: rdma tool, verbs libraries, checks.
 # kmod: modprobe --show-depends for the initramfs. cpio: packs it. xz-utils: unpacks
 # the kernel's xz payload for the fast PVH boot. gcc/libc6-dev: build verbs_loopback.c.
+# coreutils: timeout(1), the host-side watchdog.
 PKGS=(
   qemu-system-x86 linux-image-amd64 busybox-static
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev perftest rdmacm-utils
@@ -40,13 +41,15 @@ for k in /boot/vmlinuz-*; do
 done
 
 if [[ ${#missing[@]} -eq 0 && $have_kernel -eq 1 ]]; then
-  echo "setup.sh: everything already installed"
-  exit 0
+  echo "setup.sh: packages already installed"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  # --no-install-recommends keeps it small (no firmware, no GUI bits of qemu).
+  apt-get install -y --no-install-recommends "${PKGS[@]}"
 fi
 
-export DEBIAN_FRONTEND=noninteractive
-apt-get update
-# --no-install-recommends keeps it small (no firmware, no GUI bits of qemu).
-apt-get install -y --no-install-recommends "${PKGS[@]}"
-
+# Build the cached kernel + initramfs now, so the first VM run (possibly inside a
+# Bazel sandbox, where the cache dir may be read-only) does not have to.
+"$(dirname "${BASH_SOURCE[0]}")/run.sh" --prepare
 echo "setup.sh: done"
