@@ -14,23 +14,23 @@
 # start: ...") if the VM could not be booted or the RDMA device could not be set up.
 #
 # Environment (all optional):
-#   RDMALLOC_VM_DIR      cache + run directory (default /var/tmp/rdmalloc-vm)
-#   RDMALLOC_VM_ACCEL    tcg | kvm (default: tcg if kvm_pvm is loaded or /dev/kvm unusable)
-#   RDMALLOC_VM_MEM      guest memory (default 2G);  RDMALLOC_VM_SMP  vCPUs (default nproc, max 4)
-#   RDMALLOC_VM_KVER     kernel version to boot (default: newest in /boot with rdma_rxe)
-#   RDMALLOC_VM_RW       extra colon-separated host dirs the guest may write to
-#   RDMALLOC_VM_VERBOSE  1: copy the guest console to stderr while it runs
-#   RDMALLOC_VM_APPEND   extra kernel command line (e.g. "loglevel=7" to debug a boot)
-#   RDMALLOC_VM_KEEP     1: keep the per-run results dir (its path is printed)
+#   SOFTROCE_VM_DIR      cache + run directory (default /var/tmp/rdmalloc-vm)
+#   SOFTROCE_VM_ACCEL    tcg | kvm (default: tcg if kvm_pvm is loaded or /dev/kvm unusable)
+#   SOFTROCE_VM_MEM      guest memory (default 2G);  SOFTROCE_VM_SMP  vCPUs (default nproc, max 4)
+#   SOFTROCE_VM_KVER     kernel version to boot (default: newest in /boot with rdma_rxe)
+#   SOFTROCE_VM_RW       extra colon-separated host dirs the guest may write to
+#   SOFTROCE_VM_VERBOSE  1: copy the guest console to stderr while it runs
+#   SOFTROCE_VM_APPEND   extra kernel command line (e.g. "loglevel=7" to debug a boot)
+#   SOFTROCE_VM_KEEP     1: keep the per-run results dir (its path is printed)
 # The caller's whole environment is passed to CMD (see write_env below).
 set -euo pipefail
 
 # LD_PRELOAD / LD_LIBRARY_PATH are meant for CMD, not for QEMU and the host tools this
 # script runs: stash them and re-exec without them. They are restored for CMD.
-if [[ -z ${_RDMALLOC_VM_REEXEC:-} ]] && [[ -n ${LD_PRELOAD+x} || -n ${LD_LIBRARY_PATH+x} ]]; then
-  export _RDMALLOC_VM_REEXEC=1
-  [[ -n ${LD_PRELOAD+x} ]] && export _RDMALLOC_VM_SAVED_LD_PRELOAD=$LD_PRELOAD
-  [[ -n ${LD_LIBRARY_PATH+x} ]] && export _RDMALLOC_VM_SAVED_LD_LIBRARY_PATH=$LD_LIBRARY_PATH
+if [[ -z ${_SOFTROCE_VM_REEXEC:-} ]] && [[ -n ${LD_PRELOAD+x} || -n ${LD_LIBRARY_PATH+x} ]]; then
+  export _SOFTROCE_VM_REEXEC=1
+  [[ -n ${LD_PRELOAD+x} ]] && export _SOFTROCE_VM_SAVED_LD_PRELOAD=$LD_PRELOAD
+  [[ -n ${LD_LIBRARY_PATH+x} ]] && export _SOFTROCE_VM_SAVED_LD_LIBRARY_PATH=$LD_LIBRARY_PATH
   exec env -u LD_PRELOAD -u LD_LIBRARY_PATH bash "${BASH_SOURCE[0]}" "$@"
 fi
 
@@ -39,7 +39,7 @@ fi
 CALLER_PATH=${PATH-}
 export PATH=${PATH:+$PATH:}/usr/sbin:/sbin:/usr/bin:/bin
 
-VM_DIR=${RDMALLOC_VM_DIR:-/var/tmp/rdmalloc-vm}
+VM_DIR=${SOFTROCE_VM_DIR:-/var/tmp/rdmalloc-vm}
 TIMEOUT=300
 PREPARE_ONLY=0
 
@@ -75,7 +75,7 @@ BUSYBOX=/bin/busybox
 # Newest installed kernel whose module tree has rdma_rxe (the running kernel may not).
 pick_kernel() {
   local v
-  if [[ -n ${RDMALLOC_VM_KVER:-} ]]; then echo "$RDMALLOC_VM_KVER"; return; fi
+  if [[ -n ${SOFTROCE_VM_KVER:-} ]]; then echo "$SOFTROCE_VM_KVER"; return; fi
   for v in $(ls /boot/ 2>/dev/null | sed -n 's/^vmlinuz-//p' | sort -rV); do
     if modprobe -S "$v" --show-depends rdma_rxe >/dev/null 2>&1; then echo "$v"; return; fi
   done
@@ -328,7 +328,7 @@ cleanup() {
   # A reader still blocked in open() (QEMU died early) is released by a dummy writer.
   for f in "$R"/*.fifo; do [[ -p $f ]] && { exec {fd}<>"$f"; exec {fd}>&-; } ; done 2>/dev/null || true
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  if [[ ${RDMALLOC_VM_KEEP:-0} == 1 ]]; then echo "vm: results kept in $R" >&2; else rm -rf "$R"; fi
+  if [[ ${SOFTROCE_VM_KEEP:-0} == 1 ]]; then echo "vm: results kept in $R" >&2; else rm -rf "$R"; fi
   [[ -n ${PRIVATE_CACHE:-} ]] && rm -rf "$PRIVATE_CACHE"
   return 0
 }
@@ -347,16 +347,16 @@ write_env() {
   local name
   for name in $(compgen -e); do
     case $name in
-      PWD|OLDPWD|SHLVL|_|PATH|_RDMALLOC_VM_*) continue ;;  # PATH: added below
+      PWD|OLDPWD|SHLVL|_|PATH|_SOFTROCE_VM_*) continue ;;  # PATH: added below
       SHELLOPTS|BASHOPTS|BASH_VERSINFO|EUID|UID|PPID) continue ;;  # readonly in bash
     esac
     printf 'export %s=%q\n' "$name" "${!name}"
   done
   printf 'export PATH=%q\n' "$CALLER_PATH"
-  [[ -n ${_RDMALLOC_VM_SAVED_LD_PRELOAD+x} ]] &&
-    printf 'export LD_PRELOAD=%q\n' "$_RDMALLOC_VM_SAVED_LD_PRELOAD"
-  [[ -n ${_RDMALLOC_VM_SAVED_LD_LIBRARY_PATH+x} ]] &&
-    printf 'export LD_LIBRARY_PATH=%q\n' "$_RDMALLOC_VM_SAVED_LD_LIBRARY_PATH"
+  [[ -n ${_SOFTROCE_VM_SAVED_LD_PRELOAD+x} ]] &&
+    printf 'export LD_PRELOAD=%q\n' "$_SOFTROCE_VM_SAVED_LD_PRELOAD"
+  [[ -n ${_SOFTROCE_VM_SAVED_LD_LIBRARY_PATH+x} ]] &&
+    printf 'export LD_LIBRARY_PATH=%q\n' "$_SOFTROCE_VM_SAVED_LD_LIBRARY_PATH"
   return 0
 }
 write_env >"$R/env.sh"
@@ -374,7 +374,7 @@ for f in TEST_PREMATURE_EXIT_FILE TEST_INFRASTRUCTURE_FAILURE_FILE TEST_WARNINGS
          TEST_SHARD_STATUS_FILE TEST_UNUSED_RUNFILES_LOG_FILE; do
   [[ -n ${!f:-} ]] && add_rw "$(dirname -- "${!f}")"
 done
-IFS=: read -r -a extra_rw <<<"${RDMALLOC_VM_RW:-}"
+IFS=: read -r -a extra_rw <<<"${SOFTROCE_VM_RW:-}"
 for d in "${extra_rw[@]}"; do add_rw "$d"; done
 
 # Resolve symlinks (the guest mounts outside the chroot, where symlinks would resolve
@@ -407,7 +407,7 @@ shares=()
 # ---------------------------------------------------------------------------------------
 # Boot.
 # ---------------------------------------------------------------------------------------
-accel=${RDMALLOC_VM_ACCEL:-}
+accel=${SOFTROCE_VM_ACCEL:-}
 if [[ -z $accel ]]; then
   # kvm_pvm (nested "PVM" KVM) cannot run a stock kernel, so emulate instead.
   if [[ ! -e /sys/module/kvm_pvm ]] && [[ -r /dev/kvm && -w /dev/kvm ]] &&
@@ -421,15 +421,15 @@ fi
 case $accel in
   kvm) accel_args=(-accel kvm -cpu host) ;;
   tcg) accel_args=(-accel tcg,thread=multi -cpu max) ;;
-  *) cannot_start "RDMALLOC_VM_ACCEL must be kvm or tcg, not '$accel'" ;;
+  *) cannot_start "SOFTROCE_VM_ACCEL must be kvm or tcg, not '$accel'" ;;
 esac
-smp=${RDMALLOC_VM_SMP:-$(nproc)}
+smp=${SOFTROCE_VM_SMP:-$(nproc)}
 ((smp > 4)) && smp=4
 
 # Streams come out through FIFOs read by host-side cat: byte-exact, stdout and stderr
 # kept apart, kernel console kept out of them.
 for f in console ctl out err; do mkfifo "$R/$f.fifo"; done
-if [[ ${RDMALLOC_VM_VERBOSE:-0} == 1 ]]; then
+if [[ ${SOFTROCE_VM_VERBOSE:-0} == 1 ]]; then
   tee "$R/console.log" <"$R/console.fifo" >&2 & PIDS+=($!)
 else
   cat <"$R/console.fifo" >"$R/console.log" & PIDS+=($!)
@@ -440,10 +440,10 @@ cat <"$R/out.fifo" & OUT_PID=$!; PIDS+=($OUT_PID)
 cat <"$R/err.fifo" >&2 & ERR_PID=$!; PIDS+=($ERR_PID)
 
 qemu_args=(
-  -name rdmalloc-vm -machine pc "${accel_args[@]}" -m "${RDMALLOC_VM_MEM:-2G}" -smp "$smp"
+  -name rdmalloc-vm -machine pc "${accel_args[@]}" -m "${SOFTROCE_VM_MEM:-2G}" -smp "$smp"
   -nodefaults -no-user-config -display none -no-reboot -nic none
   -kernel "$CACHE/kernel" -initrd "$CACHE/initrd.gz"
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init ${RDMALLOC_VM_APPEND:-}"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init ${SOFTROCE_VM_APPEND:-}"
   -chardev "file,id=con,path=$R/console.fifo" -serial chardev:con
   -device virtio-serial-pci,id=vser
   -chardev "file,id=ctl,path=$R/ctl.fifo" -device virtserialport,bus=vser.0,chardev=ctl,name=rdmalloc.ctl
