@@ -8,39 +8,21 @@
 // a block is freed every one of those bytes is read back and checked. The
 // total work is fixed, kTotalBlocks * scale blocks, split evenly among the
 // threads. Peak live memory is about kLive * 32 MiB per thread (128 MiB).
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <vector>
+
+#include "benchmarks/workloads/workload.h"
 
 namespace {
 
+constexpr char kName[] = "large_blocks";
 constexpr size_t kMinSize = 1 << 20;
 constexpr size_t kMaxSize = 32 << 20;
 constexpr size_t kPage = 4096;
 constexpr size_t kLive = 4;
 constexpr double kTotalBlocks = 500;
-
-class Rng {
- public:
-  explicit Rng(uint64_t seed) {
-    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    s_ = (z ^ (z >> 31)) | 1;
-  }
-  uint64_t Next() {
-    s_ ^= s_ << 13;
-    s_ ^= s_ >> 7;
-    s_ ^= s_ << 17;
-    return s_;
-  }
-
- private:
-  uint64_t s_;
-};
 
 struct Block {
   unsigned char* p = nullptr;
@@ -56,11 +38,7 @@ unsigned char PageByte(uint64_t tag, size_t page) { return static_cast<unsigned 
 unsigned char LastByte(uint64_t tag) { return static_cast<unsigned char>((tag >> 8) ^ 0x5A); }
 
 void Make(Block& b, size_t n, uint64_t tag, Tally& t) {
-  b.p = static_cast<unsigned char*>(malloc(n));
-  if (b.p == nullptr) {
-    fprintf(stderr, "large_blocks: malloc(%zu) failed\n", n);
-    exit(1);
-  }
+  b.p = static_cast<unsigned char*>(workload::Malloc(kName, n));
   b.n = n;
   b.tag = tag;
   for (size_t off = 0, page = 0; off < n; off += kPage, page++) {
@@ -91,7 +69,7 @@ void Release(Block& b, Tally& t) {
 }
 
 void Worker(int id, long blocks, Tally& tally) {
-  Rng rng(6000 + id);
+  workload::Rng rng(6000 + id);
   Tally t;
   Block live[kLive];
   for (long i = 0; i < blocks; i++) {
@@ -104,62 +82,33 @@ void Worker(int id, long blocks, Tally& tally) {
   tally = t;
 }
 
-bool ParseArgs(int argc, char** argv, int* threads, double* scale) {
-  if (argc > 3) return false;
-  char* end;
-  if (argc > 1) {
-    long v = strtol(argv[1], &end, 10);
-    if (*end != '\0' || v < 1 || v > 256) return false;
-    *threads = static_cast<int>(v);
-  }
-  if (argc > 2) {
-    double v = strtod(argv[2], &end);
-    if (*end != '\0' || !(v > 0) || v > 1000) return false;
-    *scale = v;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1;
-  double scale = 1.0;
-  if (!ParseArgs(argc, argv, &threads, &scale)) {
-    fprintf(stderr, "usage: %s [threads=1] [scale=1.0]\n", argv[0]);
-    return 2;
-  }
-  long blocks = static_cast<long>(kTotalBlocks * scale / threads);
-  if (blocks < 1) blocks = 1;
+  const workload::Args args = workload::ParseArgs(argc, argv);
+  const int threads = args.threads;
+  const long blocks = workload::Share(kTotalBlocks, args);
   std::vector<Tally> tallies(threads);
 
-  auto t0 = std::chrono::steady_clock::now();
-  if (threads == 1) {
-    Worker(0, blocks, tallies[0]);
-  } else {
-    std::vector<std::thread> ts;
-    for (int i = 0; i < threads; i++) ts.emplace_back(Worker, i, blocks, std::ref(tallies[i]));
-    for (auto& th : ts) th.join();
-  }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  Tally sum;
-  for (const Tally& t : tallies) {
-    sum.ops += t.ops;
-    sum.made += t.made;
-    sum.freed += t.freed;
-    sum.written += t.written;
-    sum.read += t.read;
-    sum.bad += t.bad;
-  }
-  if (sum.bad != 0 || sum.made != sum.freed || sum.written != sum.read ||
-      sum.made != static_cast<uint64_t>(blocks) * threads) {
-    fprintf(stderr, "large_blocks: verification failed: bad=%llu made=%llu freed=%llu checksum %s\n",
-            (unsigned long long)sum.bad, (unsigned long long)sum.made, (unsigned long long)sum.freed,
-            sum.written == sum.read ? "match" : "differs");
-    return 1;
-  }
-  printf("workload=large_blocks threads=%d ops=%llu seconds=%.3f ops_per_s=%.0f\n", threads,
-         (unsigned long long)sum.ops, secs, static_cast<double>(sum.ops) / secs);
-  return 0;
+  return workload::Run(
+      kName, threads, workload::OneThread::kMainThread, [&](int i) { Worker(i, blocks, tallies[i]); },
+      [&]() -> workload::Ops {
+        Tally sum;
+        for (const Tally& t : tallies) {
+          sum.ops += t.ops;
+          sum.made += t.made;
+          sum.freed += t.freed;
+          sum.written += t.written;
+          sum.read += t.read;
+          sum.bad += t.bad;
+        }
+        if (sum.bad != 0 || sum.made != sum.freed || sum.written != sum.read ||
+            sum.made != static_cast<uint64_t>(blocks) * threads) {
+          fprintf(stderr, "large_blocks: verification failed: bad=%llu made=%llu freed=%llu checksum %s\n",
+                  (unsigned long long)sum.bad, (unsigned long long)sum.made, (unsigned long long)sum.freed,
+                  sum.written == sum.read ? "match" : "differs");
+          return std::nullopt;
+        }
+        return sum.ops;
+      });
 }
