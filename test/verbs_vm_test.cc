@@ -131,7 +131,9 @@ struct OwnContext {
     if (list != nullptr) ibv_free_device_list(list);
   }
   ~OwnContext() {
-    if (ctx != nullptr) EXPECT_EQ(ibv_close_device(ctx), 0);
+    if (ctx != nullptr) {
+      EXPECT_EQ(ibv_close_device(ctx), 0);
+    }
   }
 };
 
@@ -361,6 +363,7 @@ TEST(VerbsVm, MrWithoutRemoteAccessFailsWithEACCESAndTheQpRecovers) {
 TEST(VerbsVm, ForkChildUsesItsHeapParentKeysStayValid) {
   const size_t n = 2 * kMiB;
   auto* p = static_cast<uint8_t*>(malloc(n));
+  Fill(p, n, 20);
   rdmalloc_keys k;
   ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
   Oracle before = CheckBothWays(p, n, nullptr, 600);  // the QP exists before the fork

@@ -6,6 +6,7 @@
 # Prints PASS/FAIL per check; exits non-zero if any check fails.
 #
 # Usage: test/vm/smoke_test.sh        (as root, after test/vm/setup.sh)
+# Also //test:vm_smoke_test (through test/vm/vm_test.sh). Exit 125 if the VM cannot start.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,7 +14,8 @@ RUN=$HERE/run.sh
 T_BEGIN=${EPOCHREALTIME/[.,]/}
 secs() { awk -v us="$1" 'BEGIN { printf "%.1f", us / 1e6 }'; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/rdmalloc-vm-smoke.XXXXXX")
+# Under Bazel: inside the test's own TEST_TMPDIR.
+tmp=$(mktemp -d "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/rdmalloc-vm-smoke.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 passed=0
 failed=0
@@ -106,6 +108,10 @@ SMOKE_DIR=$tmp SMOKE_EXPECT_CWD=$tmp/work \
   "$RUN" --timeout 170 bash "$tmp/checks.sh" > >(tee "$tmp/main.out") 2> >(tee "$tmp/main.err" >&2) ||
   main_rc=$?
 wait  # for the tee processes
+if [[ $main_rc -eq 125 ]]; then
+  echo "smoke: $(grep -m1 '^vm: cannot start' "$tmp/main.err" || echo 'vm: cannot start')"
+  exit 125
+fi
 passed=$((passed + $(grep -c '^PASS ' "$tmp/main.out" || true)))
 failed=$((failed + $(grep -c '^FAIL ' "$tmp/main.out" || true)))
 boot_line=$(grep '^vm: booted in' "$tmp/main.err" || true)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Bazel test wrapper around a command that boots the soft-RoCE VM (run.sh, or a script
+# that runs it). Passes the command's exit code through, except 125 ("vm: cannot
+# start"): a machine that cannot boot the VM skips the test loudly, unless
+# CI=true|1 (what .ci/run passes with --test_env) says this machine must run
+# it, then it fails.
+#
+#   vm_test.sh WHAT CMD [ARGS...]      e.g. vm_test.sh "real-verbs suite" test/vm/run.sh ...
+set -uo pipefail
+what=$1
+shift
+errlog=$(mktemp "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/vm_test.stderr.XXXXXX")
+# stdout straight through; stderr through tee, kept for the "vm: cannot start" reason.
+{ "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2 3>&-; } 3>&1
+rc=${PIPESTATUS[0]}
+if [[ $rc -eq 125 ]]; then
+  reason=$(grep -m1 '^vm: cannot start' "$errlog" | sed 's/^vm: cannot start:\{0,1\} *//')
+  reason=${reason:-no reason given}
+  if [[ ${CI:-} == true || ${CI:-} == 1 ]]; then
+    echo "vm: cannot start: $reason ($what; CI=$CI, so this is a failure)"
+    exit 1
+  fi
+  echo "******************************************************************************"
+  echo "SKIPPED: $what: vm cannot start here ($reason)"
+  echo "******************************************************************************"
+  exit 0
+fi
+exit "$rc"
