@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,7 +122,6 @@ int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);
 
 /* One line per region (address, size, use, registrations and keys per
  * domain), for debugging. Returns the number of regions written. */
-#include <stdio.h>
 int rdmalloc_dump_regions(FILE *out);
 
 #ifdef __cplusplus
