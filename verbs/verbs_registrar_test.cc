@@ -784,70 +784,69 @@ TEST_F(DataPathTest, NoCompletionTimesOut) {
 
 TEST_F(DataPathTest, SetUpFailuresAreReturnedAndCleanedUp) {
   std::vector<uint8_t> region(4096), buf(16);
+  // A fresh domain with one registered region: the first transfer sets the
+  // data path up, so the failure injected before it shows in its result.
+  struct Fixture {
+    std::unique_ptr<Domain> d;
+    Registration reg;
+  };
+  auto fresh = [&]() {
+    Fixture f{Open(), {}};
+    EXPECT_EQ(f.d->Register(region.data(), region.size(), &f.reg), 0);
+    return f;
+  };
+  auto write = [&](Fixture& f) {
+    return f.d->DmaWrite(f.reg, region.data(), region.data(), buf.data(), buf.size());
+  };
   {
     g->port.state = IBV_PORT_DOWN;
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), ENETDOWN);
+    Fixture f = fresh();
+    EXPECT_EQ(write(f), ENETDOWN);
     g->port.state = IBV_PORT_ACTIVE;
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), 0)
-        << "tried again on the next transfer";
+    EXPECT_EQ(write(f), 0) << "tried again on the next transfer";
   }
   SetUp();
   {
     g->query_port_rc = EIO;
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), EIO);
+    Fixture f = fresh();
+    EXPECT_EQ(write(f), EIO);
   }
   SetUp();
   {
     g->create_cq_errno = ENOMEM;
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), ENOMEM);
+    Fixture f = fresh();
+    EXPECT_EQ(write(f), ENOMEM);
   }
   SetUp();
   {
     g->create_qp_errno = EPERM;
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), EPERM);
+    Fixture f = fresh();
+    EXPECT_EQ(write(f), EPERM);
     EXPECT_EQ(g->cq_destroys, 1) << "the CQ made for it is destroyed";
   }
   for (int state : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
     SCOPED_TRACE(state);
     SetUp();
     g->modify_fails_at = state;
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), EINVAL);
+    Fixture f = fresh();
+    EXPECT_EQ(write(f), EINVAL);
     EXPECT_EQ(g->qp_destroys, 1);
     EXPECT_EQ(g->cq_destroys, 1);
   }
   SetUp();
   {
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
+    Fixture f = fresh();
     g->post_rc = ENOMEM;
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), ENOMEM);
+    EXPECT_EQ(write(f), ENOMEM);
     g->post_rc = 0;
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), 0);
+    EXPECT_EQ(write(f), 0);
   }
   SetUp();
   {
-    auto d = Open();
-    Registration reg;
-    ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
+    Fixture f = fresh();
     g->reg_mr_fails = true;  // the staging buffer cannot be registered
     g->reg_mr_errno = ENOMEM;
-    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), ENOMEM);
+    EXPECT_EQ(write(f), ENOMEM);
     EXPECT_EQ(g->qp_creates, 0);
   }
 }
