@@ -100,10 +100,10 @@ def message_path(min_time, vm=False):
     steady = {}
     for b in bms:
         name = b["name"]
-        if name.startswith("BM_RegistrationsPerGiB"):
-            steady = {"reg_per_GiB": b.get("reg_per_GiB", 0), "dereg_per_GiB": b.get("dereg_per_GiB", 0)}
-            continue
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        if name.startswith("BM_RegistrationsPerGiB"):
+            steady = {"reg_per_GiB": b["reg_per_GiB"], "dereg_per_GiB": b["dereg_per_GiB"]}
             continue
         base = name.split("/")[0]
         size = int(name.split("/")[1].split("_")[0])
