@@ -47,51 +47,6 @@ constexpr int kGidIndex = 0;
 constexpr double kCqLimitS = 10;
 constexpr int kSockTimeoutS = 120;  // one cycle of 64 MiB under TCG, with margin
 
-double Now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-// A fast position-dependent pattern, one mix per 8 bytes (as verbs_vm_test).
-inline uint64_t Word(uint64_t seed, uint64_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 1;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x;
-}
-
-// Fill / check bytes [off, off+n) of the pattern into/from p; off % 8 == 0.
-void FillAt(void* p, size_t off, size_t n, uint64_t seed) {
-  auto* b = static_cast<uint8_t*>(p);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w = Word(seed, (off + i) / 8);
-    memcpy(b + i, &w, 8);
-  }
-  if (i < n) {
-    uint64_t w = Word(seed, (off + i) / 8);
-    memcpy(b + i, &w, n - i);
-  }
-}
-
-size_t MismatchesAt(const void* p, size_t off, size_t n, uint64_t seed) {
-  auto* b = static_cast<const uint8_t*>(p);
-  size_t bad = 0, i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t got, want = Word(seed, (off + i) / 8);
-    memcpy(&got, b + i, 8);
-    if (got != want)
-      for (int j = 0; j < 8; j++) bad += ((got >> (8 * j)) & 0xff) != ((want >> (8 * j)) & 0xff);
-  }
-  if (i < n) {
-    uint64_t want = Word(seed, (off + i) / 8);
-    auto* w = reinterpret_cast<const uint8_t*>(&want);
-    for (size_t j = 0; i + j < n; j++) bad += b[i + j] != w[j];
-  }
-  return bad;
-}
 
 // ------------------------------------------------------------------ wire
 
@@ -233,13 +188,13 @@ int PeerOp(ibv_qp* qp, ibv_cq* cq, ibv_wr_opcode op, ibv_mr* mr, uint64_t raddr,
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   if (ibv_post_send(qp, &wr, &bad) != 0) return 1000;
-  double deadline = Now() + kCqLimitS;
+  double deadline = NowSeconds() + kCqLimitS;
   ibv_wc wc;
   for (;;) {
     int k = ibv_poll_cq(cq, 1, &wc);
     if (k < 0) return 1001;
     if (k == 1) return wc.status == IBV_WC_SUCCESS ? 0 : 2000 + wc.status;
-    if (Now() > deadline) return 1002;
+    if (NowSeconds() > deadline) return 1002;
   }
 }
 
@@ -305,12 +260,12 @@ int PeerMain(int port) {
       size_t n = std::min<size_t>(kStagingBytes, rq.len - off);
       memset(staging, 0xA5, n);
       rp.status = PeerOp(qp, cq, IBV_WR_RDMA_READ, mr, rq.addr + off, rq.rkey, n);
-      if (rp.status == 0) rp.read_mismatches += MismatchesAt(staging, off, n, rq.seed_a);
+      if (rp.status == 0) rp.read_mismatches += WordMismatches(staging, off, n, rq.seed_a);
     }
     // WRITE pattern(seed_b) over it.
     for (size_t off = 0; off < rq.len && rp.status == 0; off += kStagingBytes) {
       size_t n = std::min<size_t>(kStagingBytes, rq.len - off);
-      FillAt(staging, off, n, rq.seed_b);
+      FillWords(staging, off, n, rq.seed_b);
       rp.status = PeerOp(qp, cq, IBV_WR_RDMA_WRITE, mr, rq.addr + off, rq.rkey, n);
     }
     if (!SendAll(fd, &rp, sizeof rp)) PEER_DIE("send reply");
@@ -358,14 +313,14 @@ pid_t SpawnPeer(int port) {
 // Waits up to `secs` for pid; kills it if it does not exit. Returns the status.
 int WaitBounded(pid_t pid, double secs, bool* exited) {
   int status = 0;
-  double deadline = Now() + secs;
+  double deadline = NowSeconds() + secs;
   for (;;) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) {
       *exited = true;
       return status;
     }
-    if (r < 0 || Now() > deadline) break;
+    if (r < 0 || NowSeconds() > deadline) break;
     usleep(20000);
   }
   kill(pid, SIGKILL);
@@ -456,7 +411,7 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
   int purges = 0;
   void* p = nullptr;
   size_t prev = 0;
-  double t0 = Now();
+  double t0 = NowSeconds();
   for (int c = 0; c < kCycles; c++) {
     size_t n = kSizes[c % (sizeof kSizes / sizeof kSizes[0])];
     // Free and re-malloc every cycle (same size or another); the previous
@@ -479,7 +434,7 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
       ASSERT_NE(p, nullptr);
     }
     uint64_t seed_a = 1000 + 2 * c, seed_b = 1000 + 2 * c + 1;
-    FillAt(p, 0, n, seed_a);
+    FillWords(p, 0, n, seed_a);
     rdmalloc_keys k;
     int rc = rdmalloc_lookup(p, n, pd, &k);
     ASSERT_EQ(rc, RDMALLOC_OK) << "cycle " << c << " size " << n << " reg_errno " << k.reg_errno;
@@ -490,7 +445,7 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
     Reply rp;
     ASSERT_TRUE(RecvAll(fd, &rp, sizeof rp)) << "no reply from B in cycle " << c;
     ASSERT_EQ(rp.status, 0) << "B's verbs error in cycle " << c << " (size " << n << ")";
-    size_t cpu_bad = MismatchesAt(p, 0, n, seed_b);
+    size_t cpu_bad = WordMismatches(p, 0, n, seed_b);
     total_read_bad += rp.read_mismatches;
     total_cpu_bad += cpu_bad;
     bytes += n;
@@ -505,7 +460,7 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
   }
   free(p);
   ForceDecay();
-  double dt = Now() - t0;
+  double dt = NowSeconds() - t0;
   printf("two-process: %d cycles, %.1f MiB each way, %d forced purges, %.1f s: READ mismatches "
          "%zu, CPU mismatches %zu\n",
          kCycles, bytes / double(kMiB), purges, dt, total_read_bad, total_cpu_bad);
@@ -520,15 +475,15 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
     ASSERT_EQ(posix_memalign(&raw, n, n), 0);
     rdmalloc_keys k;
     ASSERT_EQ(rdmalloc_lookup(raw, n, pd, &k), RDMALLOC_OK);
-    FillAt(raw, 0, n, 5000);
+    FillWords(raw, 0, n, 5000);
     ASSERT_EQ(madvise(raw, n, MADV_DONTNEED), 0);
-    FillAt(raw, 0, n, 5001);
+    FillWords(raw, 0, n, 5001);
     Request rq{kCycle, k.rkey, reinterpret_cast<uintptr_t>(raw), n, 5001, 5002};
     ASSERT_TRUE(SendAll(fd, &rq, sizeof rq));
     Reply rp;
     ASSERT_TRUE(RecvAll(fd, &rp, sizeof rp)) << "no reply from B in the negative control";
     ASSERT_EQ(rp.status, 0);
-    size_t cpu_bad = MismatchesAt(raw, 0, n, 5002);
+    size_t cpu_bad = WordMismatches(raw, 0, n, 5002);
     printf("negative control: %zu bytes, purged behind rdmalloc's back: B's READ mismatches %" PRIu64
            " (expected > %zu), A's CPU mismatches after B's WRITE %zu: %s\n",
            n, rp.read_mismatches, n / 2, cpu_bad,

@@ -30,52 +30,9 @@ constexpr size_t kMiB = size_t{1} << 20;
 constexpr int kAllAccess =
     RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_WRITE;
 
-double Now() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-// A fast position-dependent pattern (one mix per 8 bytes): under TCG the
-// per-byte pattern of test_util.h is too slow for 64 MiB buffers.
-inline uint64_t Word(uint64_t seed, uint64_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i * 0xD1B54A32D192ED03ull + 1;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x;
-}
-
-void Fill(void* p, size_t n, uint64_t seed) {
-  auto* b = static_cast<uint8_t*>(p);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w = Word(seed, i / 8);
-    memcpy(b + i, &w, 8);
-  }
-  if (i < n) {
-    uint64_t w = Word(seed, i / 8);
-    memcpy(b + i, &w, n - i);
-  }
-}
-
-// Bytes of [p, p+n) that differ from Fill(seed).
-size_t Mismatches(const void* p, size_t n, uint64_t seed) {
-  auto* b = static_cast<const uint8_t*>(p);
-  size_t bad = 0, i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t got, want = Word(seed, i / 8);
-    memcpy(&got, b + i, 8);
-    if (got != want)
-      for (int j = 0; j < 8; j++) bad += ((got >> (8 * j)) & 0xff) != ((want >> (8 * j)) & 0xff);
-  }
-  if (i < n) {
-    uint64_t want = Word(seed, i / 8);
-    auto* w = reinterpret_cast<const uint8_t*>(&want);
-    for (size_t j = 0; i + j < n; j++) bad += b[i + j] != w[j];
-  }
-  return bad;
-}
+// Fill/Mismatches over the whole buffer, with the word pattern.
+void Fill(void* p, size_t n, uint64_t seed) { FillWords(p, 0, n, seed); }
+size_t Mismatches(const void* p, size_t n, uint64_t seed) { return WordMismatches(p, 0, n, seed); }
 
 // The page-identity oracle both ways through the registration under `pd`:
 // NIC -> CPU (dma_write, then the CPU reads) and CPU -> NIC (the CPU writes,
@@ -103,16 +60,16 @@ Oracle CheckBothWays(void* p, size_t n, ibv_pd* pd, uint64_t seed) {
   if (o.lookup != RDMALLOC_OK) return o;
   std::vector<uint8_t> buf(n);
   Fill(buf.data(), n, seed);
-  double t = Now();
+  double t = NowSeconds();
   o.write = rdmalloc_dma_write(&k, 0, buf.data(), n);
-  o.write_s = Now() - t;
+  o.write_s = NowSeconds() - t;
   if (o.write != RDMALLOC_OK) return o;
   o.nic_to_cpu = Mismatches(p, n, seed);
   Fill(p, n, seed + 1);
   memset(buf.data(), 0, n);
-  t = Now();
+  t = NowSeconds();
   o.read = rdmalloc_dma_read(&k, 0, buf.data(), n);
-  o.read_s = Now() - t;
+  o.read_s = NowSeconds() - t;
   if (o.read != RDMALLOC_OK) return o;
   o.cpu_to_nic = Mismatches(buf.data(), n, seed + 1);
   return o;
@@ -459,16 +416,16 @@ TEST(VerbsVm, ZzRegistrationCosts) {
     size_t n = mib * kMiB;
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(p, MAP_FAILED);
-    double t = Now();  // untouched pages: the pin faults them in
+    double t = NowSeconds();  // untouched pages: the pin faults them in
     ibv_mr* mr = ibv_reg_mr(pd, p, n, kAllAccess);
-    double cold = Now() - t;
+    double cold = NowSeconds() - t;
     ASSERT_NE(mr, nullptr);
-    t = Now();
+    t = NowSeconds();
     ASSERT_EQ(ibv_dereg_mr(mr), 0);
-    double dereg = Now() - t;
-    t = Now();  // resident pages
+    double dereg = NowSeconds() - t;
+    t = NowSeconds();  // resident pages
     mr = ibv_reg_mr(pd, p, n, kAllAccess);
-    double warm = Now() - t;
+    double warm = NowSeconds() - t;
     ASSERT_NE(mr, nullptr);
     ASSERT_EQ(ibv_dereg_mr(mr), 0);
     munmap(p, n);
