@@ -360,7 +360,6 @@ int Heap::RegisterLocked(Region* r, int d) {
   if (claimed > config_.max_pinned) {
     bytes_registered_.fetch_sub(r->length());
     cap_hits_.fetch_add(1, std::memory_order_relaxed);
-    s.err.store(ENOMEM, std::memory_order_relaxed);
     s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
     return ENOMEM;
   }
@@ -372,7 +371,6 @@ int Heap::RegisterLocked(Region* r, int d) {
   dc.reg_calls.fetch_add(1, std::memory_order_relaxed);
   if (err != 0) {
     bytes_registered_.fetch_sub(r->length());
-    s.err.store(err, std::memory_order_relaxed);
     s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
     reg_failures_.fetch_add(1, std::memory_order_relaxed);
     dc.reg_failures.fetch_add(1, std::memory_order_relaxed);
@@ -387,7 +385,6 @@ int Heap::RegisterLocked(Region* r, int d) {
   s.slots.store(reg.slots, std::memory_order_relaxed);
   s.mr.store(reg.handle, std::memory_order_relaxed);
   s.handle.store(reg.handle != nullptr ? reg.handle : dom->handle(), std::memory_order_relaxed);
-  s.err.store(0, std::memory_order_relaxed);
   s.state.store(RegSlot::kRegistered, std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
   if (r->registrations.fetch_add(1) == 0) bytes_pinned_.fetch_add(r->length(), std::memory_order_relaxed);

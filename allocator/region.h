@@ -25,7 +25,6 @@ struct RegSlot {
   std::atomic<uint32_t> rkey{0};
   std::atomic<uint32_t> key_shift{0};
   std::atomic<uint32_t> slots{0};
-  std::atomic<int> err{0};
   std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
   std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
 };

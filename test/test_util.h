@@ -23,21 +23,12 @@
 extern char** environ;
 
 #include "allocator/rdmalloc.h"
+#include "test/proc_status.h"
 
 namespace rdmalloc_test {
 
-// Pinned memory of this process, from /proc/self/status (kB).
-inline long VmPinKb() {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  long kb = -1;
-  while (fgets(line, sizeof line, f) != nullptr) {
-    if (sscanf(line, "VmPin: %ld kB", &kb) == 1) break;
-  }
-  fclose(f);
-  return kb;
-}
+// Pinned memory of this process (kB).
+inline long VmPinKb() { return StatusKb("VmPin"); }
 
 // Makes jemalloc give back everything it caches: this thread's tcache, then
 // every arena's dirty and muzzy extents (through rdmalloc's dalloc hook).

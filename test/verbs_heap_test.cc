@@ -16,16 +16,7 @@
 namespace rdmalloc_test {
 namespace {
 
-long VmLckKb() {
-  FILE* f = fopen("/proc/self/status", "r");
-  char line[256];
-  long kb = -1;
-  while (f != nullptr && fgets(line, sizeof line, f) != nullptr) {
-    if (sscanf(line, "VmLck: %ld kB", &kb) == 1) break;
-  }
-  if (f != nullptr) fclose(f);
-  return kb;
-}
+long VmLckKb() { return StatusKb("VmLck"); }
 
 TEST(VerbsHeap, RegistersThroughVerbsAndDeregistersOutsideHooks) {
   ASSERT_STREQ(rdmalloc_backend(), "verbs");

@@ -13,23 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "test/proc_status.h"
+
 namespace rdmalloc {
 namespace {
 
 constexpr size_t kBufBytes = size_t{4} << 20;
 
-// Pinned memory of this process (kB), or -1.
-long VmPinKb() {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  long kb = -1;
-  while (fgets(line, sizeof line, f) != nullptr) {
-    if (sscanf(line, "VmPin: %ld kB", &kb) == 1) break;
-  }
-  fclose(f);
-  return kb;
-}
+long VmPinKb() { return rdmalloc_test::StatusKb("VmPin"); }
 
 // Unpinning may be deferred by the kernel: poll up to 1 s for `ok(VmPin)`.
 template <typename Pred>
