@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 
+#include "allocator/testing.h"
 #include "verbs/uring_registrar.h"
 #include "verbs/verbs_registrar.h"
 
@@ -53,7 +54,11 @@ size_t RoundUp(size_t v, size_t to) { return (v + to - 1) & ~(to - 1); }
 enum class BackendKind { kVerbs, kUring, kNone };
 BackendKind g_kind = BackendKind::kNone;
 
+testing::RegistrarWrapper g_registrar_wrapper = nullptr;
+
 }  // namespace
+
+void testing::SetRegistrarWrapper(RegistrarWrapper wrap) { g_registrar_wrapper = wrap; }
 
 Heap g_heap;
 
@@ -124,6 +129,8 @@ int Heap::EnsureBackend() {
     }
   }
   if (g_kind == BackendKind::kUring) registrar_ = MakeUringRegistrar().release();
+  if (registrar_ != nullptr && g_registrar_wrapper != nullptr)
+    registrar_ = g_registrar_wrapper(registrar_);
   int err = ENODEV;
   if (registrar_ != nullptr) {
     if (Domain* dom = registrar_->OpenDomain(nullptr, config_.access, &err)) {

@@ -52,6 +52,7 @@ struct rdmalloc_keys {
   size_t len;
   int reg_errno;            /* with RDMALLOC_EREGFAIL: the backend's errno */
   int domain;               /* rdmalloc's index of the pd (0: default); used by rdmalloc_dma_* */
+  int access;               /* RDMALLOC_ACCESS_* rights the registration grants */
 };
 
 /* Keys for [addr, addr+len) under pd (NULL: rdmalloc's default domain).
@@ -65,6 +66,38 @@ int rdmalloc_lookup(const void *addr, size_t len, struct ibv_pd *pd, struct rdma
  * pinning ring. Returns 0 or a negative RDMALLOC_E* code. */
 int rdmalloc_add_pd(struct ibv_pd *pd, int access);
 int rdmalloc_remove_pd(struct ibv_pd *pd);
+
+/* Access classes. The plain heap (malloc, new, ...) is registered for local
+ * access only (RDMALLOC_ACCESS can widen that for legacy code): a peer holding
+ * an rkey of it can do nothing. Memory a peer may read, write or use atomics
+ * on comes from rdmalloc_alloc with those flags, out of separate arenas whose
+ * regions hold nothing else and are registered with exactly those rights
+ * (plus local write). free(), realloc() and delete work on it as usual;
+ * realloc keeps the class. flags 0 is malloc. Returns NULL with errno EINVAL
+ * for unknown flags, ENOMEM when out of memory. */
+enum {
+  RDMALLOC_REMOTE_READ = 1u << 0,
+  RDMALLOC_REMOTE_WRITE = 1u << 1,
+  RDMALLOC_REMOTE_ATOMIC = 1u << 2
+};
+void *rdmalloc_alloc(size_t size, unsigned flags);
+void *rdmalloc_aligned_alloc(size_t alignment, size_t size, unsigned flags);
+
+/* Release notifications, for other registration caches (UCX, libfabric, an
+ * MPI library's own). fn(addr, len, arg) runs once for every range rdmalloc
+ * gives back to the OS, after rdmalloc's own registrations of it are gone and
+ * before it is unmapped, so that the observer can drop its entries for
+ * [addr, addr+len) before those addresses can be reused. While an observer is
+ * registered, freed pages are not purged either: memory leaves the process
+ * only through these notifications. fn runs outside jemalloc's hooks and
+ * outside every rdmalloc lock, on rdmalloc's release thread or inside an
+ * rdmalloc_* call; it may call malloc and free. Up to 8 observers; returns 0,
+ * RDMALLOC_EINVAL (fn NULL, table full, or the pair not registered). */
+typedef void (*rdmalloc_release_fn)(void *addr, size_t len, void *arg);
+int rdmalloc_on_release(rdmalloc_release_fn fn, void *arg);
+/* Stops notifications to (fn, arg); when it returns, fn is not running and
+ * will not run again for this pair. */
+int rdmalloc_on_release_remove(rdmalloc_release_fn fn, void *arg);
 
 /* "verbs", "uring" or "none". */
 const char *rdmalloc_backend(void);
