@@ -13,6 +13,9 @@ librdmalloc="$(cd "$(dirname "$4")" && pwd)/$(basename "$4")"
 app_source="$5"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 unset GLIBC_TUNABLES LD_PRELOAD
+# minimpi moves bytes with rdmalloc_dma_read/write, which act as a peer's RDMA
+# READ/WRITE: the plain heap needs remote rights for them.
+export RDMALLOC_ACCESS=local_write,remote_read,remote_write
 # Enough static TLS for one dlopen'ed library with jemalloc inside (docs/EMBEDDING.md).
 tunable=glibc.rtld.optional_static_tls=4096
 failures=0
