@@ -25,8 +25,8 @@ export TMPDIR="$work" HOME="$work"
 # As root (CI runs as root) mpirun needs --allow-run-as-root; --oversubscribe
 # because the machine may have fewer free slots than ranks. pml ob1 keeps the
 # transport to the btls named per run (UCX stays out on the host); TCP and the
-# out-of-band channel on loopback only.
-mpi=(mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none
+# out-of-band channel on loopback only. A hung job fails after 120 s (exit 124).
+mpi=(timeout -k 5 120 mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none
      --mca pml ob1 --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 
 # run NAME BTLS WITH_RDMALLOC(yes|no) [program args...]: output in $work/NAME.{out,err,json}
