@@ -117,7 +117,8 @@ TEST(Threads, ThirtyTwoThreadsMallocFreeLookupAddRemovePd) {
           error("default lookup: rc " + std::to_string(rc));
       } else if (mine->gen.load() % 4 == 0) {
         mine->gen++;
-        if (rdmalloc_add_pd(mine->pd(), RDMALLOC_ACCESS_LOCAL_WRITE) != RDMALLOC_OK)
+        if (rdmalloc_add_pd(mine->pd(), RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_READ |
+                                            RDMALLOC_ACCESS_REMOTE_WRITE) != RDMALLOC_OK)
           error("add_pd failed");
         mine->gen++;
         pd_changes++;
