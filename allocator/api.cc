@@ -52,3 +52,13 @@ RDMALLOC_EXPORT int rdmalloc_dump_regions(FILE* out) {
   EnsureInitialised();
   return TheHeap().DumpRegions(out);
 }
+
+RDMALLOC_EXPORT int rdmalloc_on_release(rdmalloc_release_fn fn, void* arg) {
+  EnsureInitialised();
+  return TheHeap().AddObserver(fn, arg);
+}
+
+RDMALLOC_EXPORT int rdmalloc_on_release_remove(rdmalloc_release_fn fn, void* arg) {
+  EnsureInitialised();
+  return TheHeap().RemoveObserver(fn, arg);
+}

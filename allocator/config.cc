@@ -122,6 +122,17 @@ bool ParseAccess(const char* s, int* out) {
   return true;
 }
 
+void FormatAccess(int bits, char* out, size_t cap) {
+  size_t n = 0;
+  out[0] = '\0';
+  for (const AccessName& a : kAccessNames) {
+    if (!(bits & a.bit)) continue;
+    int m = snprintf(out + n, cap - n, "%s%s", n != 0 ? "," : "", a.name);
+    if (m < 0 || static_cast<size_t>(m) >= cap - n) break;
+    n += static_cast<size_t>(m);
+  }
+}
+
 Config ParseConfig(EnvFn env, WarnFn warn) {
   Config c;
   static constexpr Choice<BackendChoice> kBackends[] = {{"auto", BackendChoice::kAuto},
@@ -149,7 +160,7 @@ Config ParseConfig(EnvFn env, WarnFn warn) {
     if (!ParseAccess(v, &c.access))
       Warn(warn, "RDMALLOC_ACCESS", v,
            "a comma list of local_write,remote_read,remote_write,remote_atomic,relaxed_ordering",
-           "local_write,remote_read,remote_write");
+           "local_write");
   }
   if (const char* v = env("RDMALLOC_MAX_PINNED")) {
     if (strcmp(v, "unlimited") != 0 && !ParseSize(v, &c.max_pinned))
@@ -169,8 +180,8 @@ Config ParseConfig(EnvFn env, WarnFn warn) {
   bool stats_set = ParseChoice(env, warn, "RDMALLOC_STATS", kStats, "0|1|json", &c.stats);
   ParseStringVar(env, warn, "RDMALLOC_STATS_FILE", c.stats_file, sizeof c.stats_file,
                  "a path of 1 to 255 characters", "stderr");
-  static constexpr Choice<int> kVerbose[] = {{"0", 0}, {"1", 1}, {"2", 2}};
-  ParseChoice(env, warn, "RDMALLOC_VERBOSE", kVerbose, "0|1|2", &c.verbose);
+  static constexpr Choice<int> kVerbose[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+  ParseChoice(env, warn, "RDMALLOC_VERBOSE", kVerbose, "0|1|2|3", &c.verbose);
 
   // Contradictions: one line each, naming what is used instead.
   char line[640];

@@ -18,7 +18,10 @@ constexpr int kAccessRemoteWrite = 2;
 constexpr int kAccessRemoteRead = 4;
 constexpr int kAccessRemoteAtomic = 8;
 constexpr int kAccessRelaxedOrdering = 1 << 20;
-constexpr int kDefaultAccess = kAccessLocalWrite | kAccessRemoteRead | kAccessRemoteWrite;
+// The plain heap is local-only: remote rights come with rdmalloc_alloc's
+// access classes, so an rkey never exposes unrelated heap data.
+constexpr int kDefaultAccess = kAccessLocalWrite;
+constexpr int kRemoteAccess = kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic;
 
 constexpr size_t kNoPinLimit = ~size_t{0};
 constexpr long kDecayUnset = -2;  // keep jemalloc's own dirty_decay_ms
@@ -59,6 +62,8 @@ bool ParseSize(const char* s, size_t* out);
 // Parses "local_write,remote_read" into access bits. Returns false on an
 // unknown or empty name.
 bool ParseAccess(const char* s, int* out);
+// The inverse: "local_write,remote_read" (ParseAccess's names, in its order).
+void FormatAccess(int bits, char* out, size_t cap);
 
 }  // namespace rdmalloc
 

@@ -139,6 +139,7 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_VERBOSE", "0", [](Config* c, const std::string&) { c->verbose = 0; });
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
+  add("RDMALLOC_VERBOSE", "3", [](Config* c, const std::string&) { c->verbose = 3; });
   return v;
 }
 
@@ -192,12 +193,12 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_STATS_FILE", "/" + std::string(255, 'f'), "stderr"},  // 256 characters
       {"RDMALLOC_VERBS_LIBRARY", "", "libibverbs.so.1"},
       {"RDMALLOC_VERBS_LIBRARY", "/" + std::string(255, 'v'), "libibverbs.so.1"},  // 256 characters
-      {"RDMALLOC_ACCESS", "", "local_write,remote_read,remote_write"},
-      {"RDMALLOC_ACCESS", "remote_read,", "local_write,remote_read,remote_write"},
-      {"RDMALLOC_ACCESS", ",local_write", "local_write,remote_read,remote_write"},
-      {"RDMALLOC_ACCESS", "local_write remote_read", "local_write,remote_read,remote_write"},
-      {"RDMALLOC_ACCESS", "LOCAL_WRITE", "local_write,remote_read,remote_write"},
-      {"RDMALLOC_ACCESS", "remote_execute", "local_write,remote_read,remote_write"},
+      {"RDMALLOC_ACCESS", "", "local_write"},
+      {"RDMALLOC_ACCESS", "remote_read,", "local_write"},
+      {"RDMALLOC_ACCESS", ",local_write", "local_write"},
+      {"RDMALLOC_ACCESS", "local_write remote_read", "local_write"},
+      {"RDMALLOC_ACCESS", "LOCAL_WRITE", "local_write"},
+      {"RDMALLOC_ACCESS", "remote_execute", "local_write"},
       {"RDMALLOC_MAX_PINNED", "", "unlimited"},
       {"RDMALLOC_MAX_PINNED", "-1", "unlimited"},
       {"RDMALLOC_MAX_PINNED", "lots", "unlimited"},
@@ -210,7 +211,7 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_DECAY_MS", "1e3", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "99999999999999999999999", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_VERBOSE", "", "0"},
-      {"RDMALLOC_VERBOSE", "3", "0"},
+      {"RDMALLOC_VERBOSE", "4", "0"},
       {"RDMALLOC_VERBOSE", "-1", "0"},
       {"RDMALLOC_VERBOSE", "01", "0"},
       {"RDMALLOC_VERBOSE", "10", "0"},

@@ -8,9 +8,31 @@
 
 #include "allocator/heap.h"
 #include "allocator/jemalloc_api.h"
+#include "allocator/spin_lock.h"
 
 namespace rdmalloc {
+
+std::atomic<bool> g_classes_in_use{false};
+
 namespace {
+
+// MALLOCX_ARENA encodes up to 4095 arenas.
+constexpr unsigned kMaxArenas = 4096;
+std::atomic<uint8_t> g_arena_class[kMaxArenas];
+std::atomic<unsigned> g_class_arena[kAccessClasses];
+SpinLock g_class_lock;
+
+// jemalloc's base allocator maps each arena's metadata (the arena itself,
+// extent descriptors) through that arena's hooks, always as whole huge pages
+// with huge-page alignment. Data extents never look like that: a large
+// allocation carries a one-page pad. Metadata goes to the plain heap, so no
+// peer's rkey ever covers allocator state.
+unsigned ClassForExtent(unsigned arena_ind, size_t size, size_t alignment) {
+  if (arena_ind >= kMaxArenas) return 0;
+  unsigned c = g_arena_class[arena_ind].load(std::memory_order_acquire);
+  if (c != 0 && alignment == kChunkSize && size % kChunkSize == 0) return 0;
+  return c;
+}
 
 // jemalloc's own hooks: they still own the few extents it mapped while it
 // initialised, before ours were installed.
@@ -18,11 +40,16 @@ extent_hooks_t* g_default = nullptr;
 
 void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool* zero,
             bool* commit, unsigned arena_ind) {
-  if (void* p = TheHeap().AllocExtent(new_addr, size, alignment, zero)) {
+  unsigned c = ClassForExtent(arena_ind, size, alignment);
+  TheHeap().Log(3, "extent alloc %zu bytes, alignment %zu, arena %u: access class %u", size,
+                alignment, arena_ind, c);
+  if (void* p = TheHeap().AllocExtent(c, new_addr, size, alignment, zero)) {
     *commit = true;  // regions are always committed: pages may be pinned
     return p;
   }
   if (new_addr != nullptr) return nullptr;  // growth in place is just not possible here
+  // Class memory must be registered with its rights, or not exist.
+  if (c != 0) return nullptr;
   // No region could be made (address space or descriptors exhausted): hand out
   // unregistered memory rather than fail the allocation. Lookups report it.
   void* p = g_default->alloc(g_default, nullptr, size, alignment, zero, commit, arena_ind);
@@ -96,6 +123,27 @@ extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
 }  // namespace
 
 void* RdmallocExtentHooks() { return &g_hooks; }
+
+unsigned ClassArena(unsigned access_class) {
+  if (access_class == 0 || access_class >= kAccessClasses) return 0;
+  unsigned a = g_class_arena[access_class].load(std::memory_order_acquire);
+  if (a != 0) return a;
+  SpinLockGuard g(g_class_lock);
+  a = g_class_arena[access_class].load(std::memory_order_relaxed);
+  if (a != 0) return a;
+  // The new arena's first metadata block is mapped while it is created,
+  // before its class is known here: it lands in the plain heap, as it should.
+  unsigned ind = 0;
+  size_t len = sizeof ind;
+  extent_hooks_t* ours = &g_hooks;
+  if (rdmj_mallctl("arenas.create", &ind, &len, &ours, sizeof ours) != 0 || ind == 0 ||
+      ind >= kMaxArenas)
+    return 0;
+  g_arena_class[ind].store(static_cast<uint8_t>(access_class), std::memory_order_release);
+  g_classes_in_use.store(true, std::memory_order_release);
+  g_class_arena[access_class].store(ind, std::memory_order_release);
+  return ind;
+}
 
 void InstallExtentHooks() {
   size_t len = sizeof g_default;

@@ -3,6 +3,7 @@
 #ifndef RDMALLOC_ALLOCATOR_EXTENT_HOOKS_H_
 #define RDMALLOC_ALLOCATOR_EXTENT_HOOKS_H_
 
+#include <atomic>
 #include <cstddef>
 
 namespace rdmalloc {
@@ -17,6 +18,12 @@ void SetDirtyDecay(long ms);
 
 // For mallctl("arenas.create") without hooks of the caller's own.
 void* RdmallocExtentHooks();
+
+// The arena that serves access class c (1..7: RDMALLOC_REMOTE_* bits), made on
+// first use; 0 if it cannot be made. Never called from hook context.
+unsigned ClassArena(unsigned access_class);
+// Set once a class arena exists: only then does free() look for class memory.
+extern std::atomic<bool> g_classes_in_use;
 
 }  // namespace rdmalloc
 

@@ -1,8 +1,12 @@
 #include "allocator/heap.h"
 
 #include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +64,13 @@ testing::RegistrarWrapper g_registrar_wrapper = nullptr;
 
 void testing::SetRegistrarWrapper(RegistrarWrapper wrap) { g_registrar_wrapper = wrap; }
 
+// malloc runs before any constructor, so the heap must be constant-initialised:
+// a dynamic initialiser would wipe the regions made by earlier allocations.
+// gcc evaluates it; clang gives up at its default constexpr step limit
+// (raise it with -fconstexpr-steps=16777216) and must not silently fall back.
+#if defined(__clang__)
+__attribute__((require_constant_initialization))
+#endif
 Heap g_heap;
 
 namespace {
@@ -134,6 +145,7 @@ int Heap::EnsureBackend() {
   int err = ENODEV;
   if (registrar_ != nullptr) {
     if (Domain* dom = registrar_->OpenDomain(nullptr, config_.access, &err)) {
+      domains_[0].access.store(config_.access, std::memory_order_relaxed);
       domains_[0].domain.store(dom, std::memory_order_release);
       domains_[0].state.store(DomainSlot::kOpen);
       err = 0;
@@ -189,7 +201,8 @@ bool Heap::CarveLocked(Region* r, size_t first, size_t n) {
   return r->pages.Take(first, n);
 }
 
-void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zero) {
+void* Heap::AllocExtent(unsigned access_class, void* new_addr, size_t size, size_t alignment,
+                        bool* zero) {
   if (size == 0 || (size & (kPageSize - 1)) != 0) return nullptr;
   size_t n = size >> kPageShift;
   size_t align = alignment > kPageSize ? alignment >> kPageShift : 1;
@@ -202,7 +215,8 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
       // In-place growth: only if those exact pages are free in one region.
       uintptr_t a = reinterpret_cast<uintptr_t>(new_addr);
       r = RegionOf(new_addr, size);
-      if (r == nullptr || a % (align << kPageShift) != 0) return nullptr;
+      if (r == nullptr || r->access_class != access_class || a % (align << kPageShift) != 0)
+        return nullptr;
       first = (a - r->begin()) >> kPageShift;
       if (!r->pages.IsFree(first, n)) return nullptr;
       dirty = CarveLocked(r, first, n);
@@ -213,7 +227,9 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
       size_t best_free = SIZE_MAX;
       for (Region* c = regions_; c != nullptr; c = c->next) {
         size_t free_pages = c->pages.npages() - c->pages.used_pages();
-        if (c->dedicated || free_pages < n || free_pages >= best_free) continue;
+        if (c->dedicated || c->access_class != access_class || free_pages < n ||
+            free_pages >= best_free)
+          continue;
         size_t skew = (c->begin() >> kPageShift) & (align - 1);
         size_t at = c->pages.FindFree(n, align, skew);
         if (at < c->pages.npages()) {
@@ -226,7 +242,7 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
     }
   }
   if (r == nullptr && new_addr == nullptr) {
-    r = NewRegion(size, alignment);
+    r = NewRegion(size, alignment, access_class);
     if (r == nullptr) return nullptr;
     first = 0;
     dirty = false;  // NewRegion carved the first pages of fresh memory
@@ -240,11 +256,12 @@ void* Heap::AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zer
   return p;
 }
 
-Region* Heap::NewRegion(size_t size, size_t alignment) {
+Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   size_t grow;
   {
     SpinLockGuard g(heap_lock_);
-    grow = next_region_bytes_ < config_.region_size ? next_region_bytes_ : config_.region_size;
+    size_t next = next_region_bytes_[access_class];
+    grow = next < config_.region_size ? next : config_.region_size;
   }
   size_t bytes = RoundUp(size, kChunkSize);
   if (bytes < grow) bytes = grow;
@@ -278,6 +295,7 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
   r->pages.Init(r->page_words, npages);
   r->next = nullptr;
   r->dedicated = size > config_.region_size;
+  r->access_class = static_cast<uint8_t>(access_class);
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   if (config_.register_mode == RegisterMode::kEager &&
@@ -305,11 +323,12 @@ Region* Heap::NewRegion(size_t size, size_t alignment) {
   r->next = *link;
   *link = r;
   CarveLocked(r, 0, size >> kPageShift);  // fresh pages: clean
-  if (next_region_bytes_ < config_.region_size) next_region_bytes_ *= 2;
+  if (next_region_bytes_[access_class] < config_.region_size) next_region_bytes_[access_class] *= 2;
   heap_lock_.Unlock();
   regions_created_.fetch_add(1, std::memory_order_relaxed);
   bytes_mapped_.fetch_add(bytes, std::memory_order_relaxed);
-  Log(2, "new region %p+%zu%s", mem, bytes, r->dedicated ? " (dedicated)" : "");
+  Log(2, "new region %p+%zu%s, access class %u", mem, bytes, r->dedicated ? " (dedicated)" : "",
+      access_class);
   return r;
 }
 
@@ -318,9 +337,12 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   size_t n = size >> kPageShift;
   // An unregistered region gives freed pages back to the OS as jemalloc
   // would. Under reg_lock no registration can pin them meanwhile; if the lock
-  // is busy (a registration is under way) the pages simply stay.
+  // is busy (a registration is under way) the pages simply stay. With
+  // observers nothing is purged: another cache may have registered the pages
+  // itself, and it only hears of whole regions (see AddObserver).
+  hook_busy_.fetch_add(1);
   bool purged = false;
-  if (r->registrations.load() == 0 && r->reg_lock.TryLock()) {
+  if (observer_count_.load() == 0 && r->registrations.load() == 0 && r->reg_lock.TryLock()) {
     if (r->registrations.load() == 0) purged = madvise(addr, size, MADV_DONTNEED) == 0;
     Unlock(r, /*in_hook=*/true);
   }
@@ -342,6 +364,7 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size) {
     r->release_wanted.store(true);
     RunRelease(r, /*in_hook=*/true);
   }
+  hook_busy_.fetch_sub(1);
 }
 
 void Heap::Recycle(Region* r) {
@@ -371,6 +394,7 @@ int Heap::RegisterLocked(Region* r, int d) {
     return ENOMEM;
   }
   Registration reg;
+  reg.access = RegionAccess(r, d);
   uint64_t t0 = NowNs();
   int err = dom->Register(reinterpret_cast<void*>(r->begin()), r->length(), &reg);
   reg_ns_.fetch_add(NowNs() - t0, std::memory_order_relaxed);
@@ -391,6 +415,7 @@ int Heap::RegisterLocked(Region* r, int d) {
   s.key_shift.store(reg.key_shift, std::memory_order_relaxed);
   s.slots.store(reg.slots, std::memory_order_relaxed);
   s.mr.store(reg.handle, std::memory_order_relaxed);
+  s.access.store(reg.access, std::memory_order_relaxed);
   s.handle.store(reg.handle != nullptr ? reg.handle : dom->handle(), std::memory_order_relaxed);
   s.state.store(RegSlot::kRegistered, std::memory_order_relaxed);
   s.seq.fetch_add(1, std::memory_order_release);
@@ -428,23 +453,42 @@ void Heap::DeregisterLocked(Region* r, int d) {
   Log(2, "deregistered region %p+%zu from domain %d", (void*)r->begin(), r->length(), d);
 }
 
-// Deregister every domain, then unmap. Returns false if the work had to be
-// queued because it would call a malloc-ing backend from hook context.
+int Heap::RegionAccess(const Region* r, int d) const {
+  int domain_access = domains_[d].access.load(std::memory_order_relaxed);
+  if (r->access_class == 0) return domain_access;
+  return ClassRights(r->access_class) | (domain_access & kAccessRelaxedOrdering);
+}
+
+// Deregisters every domain; the caller then drops reg_lock and calls Unmap.
+// Returns false if the work was queued instead, because it would call a
+// malloc-ing backend or an observer from hook context.
 bool Heap::ReleaseLocked(Region* r, bool in_hook) {
-  if (in_hook && r->registrations.load() > 0 && !registrar_->hook_safe()) {
-    SpinLockGuard g(pending_lock_);
-    r->next = pending_;
-    pending_ = r;
-    pending_count_.fetch_add(1, std::memory_order_release);
+  if (in_hook && (observer_count_.load() > 0 ||
+                  (r->registrations.load() > 0 && !registrar_->hook_safe()))) {
+    {
+      SpinLockGuard g(pending_lock_);
+      r->next = pending_;
+      pending_ = r;
+      pending_count_.fetch_add(1, std::memory_order_release);
+    }
     releases_deferred_.fetch_add(1, std::memory_order_relaxed);
+    WakeReleaseThread();
     return false;
   }
   for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
+  return true;
+}
+
+// The region is out of the map and unregistered; nobody else can reach it.
+// Observers hear of it while the addresses are still ours, so that no new
+// mapping can appear there before they dropped their entries.
+void Heap::Unmap(Region* r) {
+  Notify(r->begin(), r->length());
   munmap(reinterpret_cast<void*>(r->begin()), r->length());
   bytes_mapped_.fetch_sub(r->length(), std::memory_order_relaxed);
   regions_released_.fetch_add(1, std::memory_order_relaxed);
   Log(2, "released region %p+%zu", (void*)r->begin(), r->length());
-  return true;
+  Recycle(r);
 }
 
 // Whoever holds reg_lock when a release is wanted performs it: hook context
@@ -457,7 +501,7 @@ void Heap::RunRelease(Region* r, bool in_hook) {
     }
     bool done = ReleaseLocked(r, in_hook);
     r->reg_lock.Unlock();
-    if (done) Recycle(r);
+    if (done) Unmap(r);
     return;
   }
 }
@@ -467,23 +511,147 @@ void Heap::Unlock(Region* r, bool in_hook) {
   RunRelease(r, in_hook);
 }
 
+namespace {
+__thread bool t_notifying = false;  // inside an observer: do not wait for releases
+}  // namespace
+
+// When this returns, every release queued before the call is complete, also
+// those the release thread took: API callers (stats, tests) see a settled heap.
 void Heap::DrainPending() {
-  if (pending_count_.load(std::memory_order_acquire) == 0) return;
+  EnsureReleaseThread();
+  if (pending_count_.load(std::memory_order_acquire) == 0 && draining_.load() == 0) return;
   Region* list;
   {
     SpinLockGuard g(pending_lock_);
     list = pending_;
     pending_ = nullptr;
     pending_count_.store(0, std::memory_order_relaxed);
+    if (list != nullptr) draining_.fetch_add(1);
   }
-  while (list != nullptr) {
-    Region* r = list;
-    list = r->next;
-    r->reg_lock.Lock();
-    ReleaseLocked(r, /*in_hook=*/false);
-    r->reg_lock.Unlock();
-    Recycle(r);
+  if (list != nullptr) {
+    while (list != nullptr) {
+      Region* r = list;
+      list = r->next;
+      r->reg_lock.Lock();
+      ReleaseLocked(r, /*in_hook=*/false);
+      r->reg_lock.Unlock();
+      Unmap(r);
+    }
+    draining_.fetch_sub(1);
   }
+  // An observer calling rdmalloc_* must not wait for the release it is part of.
+  if (!t_notifying) {
+    while (draining_.load() != 0) sched_yield();
+  }
+}
+
+// ---------------------------------------------------------------- observers
+
+void Heap::Notify(uintptr_t base, size_t len) {
+  if (observer_count_.load() == 0) return;
+  notifying_.fetch_add(1);  // before reading the table: RemoveObserver waits for us
+  bool outer = !t_notifying;
+  t_notifying = true;
+  for (Observer& o : observers_) {
+    rdmalloc_release_fn fn = o.fn.load(std::memory_order_acquire);
+    if (fn == nullptr) continue;
+    fn(reinterpret_cast<void*>(base), len, o.arg.load(std::memory_order_relaxed));
+    releases_notified_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (outer) t_notifying = false;
+  notifying_.fetch_sub(1);
+}
+
+int Heap::AddObserver(rdmalloc_release_fn fn, void* arg) {
+  if (fn == nullptr) return RDMALLOC_EINVAL;
+  {
+    SpinLockGuard g(api_lock_);
+    Observer* slot = nullptr;
+    for (Observer& o : observers_) {
+      rdmalloc_release_fn f = o.fn.load();
+      if (f == fn && o.arg.load() == arg) return RDMALLOC_EINVAL;  // already there
+      if (f == nullptr && slot == nullptr) slot = &o;
+    }
+    if (slot == nullptr) {
+      errno = ENOSPC;
+      return RDMALLOC_EINVAL;
+    }
+    slot->arg.store(arg, std::memory_order_relaxed);
+    slot->fn.store(fn, std::memory_order_release);
+    observer_count_.fetch_add(1);
+  }
+  // A FreeExtent that read "no observers" may still purge or release without
+  // telling; wait for those, so every release that ends after we return is
+  // notified (and nothing is purged any more).
+  while (hook_busy_.load() != 0) sched_yield();
+  EnsureReleaseThread();
+  return RDMALLOC_OK;
+}
+
+int Heap::RemoveObserver(rdmalloc_release_fn fn, void* arg) {
+  if (fn == nullptr) return RDMALLOC_EINVAL;
+  {
+    SpinLockGuard g(api_lock_);
+    Observer* found = nullptr;
+    for (Observer& o : observers_) {
+      if (o.fn.load() == fn && o.arg.load() == arg) found = &o;
+    }
+    if (found == nullptr) return RDMALLOC_EINVAL;
+    found->fn.store(nullptr);
+    found->arg.store(nullptr);
+    observer_count_.fetch_sub(1);
+  }
+  // Deliveries that read the table before we cleared it finish first (but a
+  // callback removing itself cannot wait for itself).
+  if (!t_notifying) {
+    while (notifying_.load() != 0) sched_yield();
+  }
+  return RDMALLOC_OK;
+}
+
+// Releases queued in hook context (verbs deregistrations, observers) are done
+// by a thread of ours, so they do not wait for the next rdmalloc_* call.
+// Started from API context only: pthread_create allocates.
+void Heap::EnsureReleaseThread() {
+  if (release_thread_.load(std::memory_order_acquire)) return;
+  bool needed = observer_count_.load() > 0 ||
+                (backend_ready_.load(std::memory_order_acquire) && registrar_ != nullptr &&
+                 !registrar_->hook_safe());
+  if (!needed || release_thread_.exchange(true)) return;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  // Signals are the application's business: none is delivered to this thread.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_t thread;
+  int err = pthread_create(&thread, &attr, ReleaseThreadMain, this);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  if (err != 0) {
+    release_thread_.store(false);
+    Log(1, "cannot start the release thread (errno %d): queued releases wait for rdmalloc_* calls",
+        err);
+    return;
+  }
+  pthread_setname_np(thread, "rdmalloc-rel");
+}
+
+void Heap::WakeReleaseThread() {
+  if (release_thread_.load(std::memory_order_relaxed))
+    syscall(SYS_futex, &pending_count_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+void* Heap::ReleaseThreadMain(void* arg) {
+  Heap* heap = static_cast<Heap*>(arg);
+  static_assert(sizeof(std::atomic<int>) == sizeof(int), "futex word");
+  for (;;) {
+    if (heap->pending_count_.load(std::memory_order_acquire) == 0)
+      syscall(SYS_futex, &heap->pending_count_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+    heap->DrainPending();
+  }
+  return nullptr;
 }
 
 void Heap::RegisterAllLive(int d) {
@@ -532,7 +700,8 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
     errno = err;
     return Fail(RDMALLOC_EREGFAIL, lookup_reg_failed_);
   }
-  FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(), out);
+  FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(),
+           s.access.load(), out);
   Unlock(r, false);
   return RDMALLOC_OK;
 }
@@ -564,6 +733,7 @@ int Heap::AddDomain(ibv_pd* pd, int access) {
     errno = err;
     return RDMALLOC_EREGFAIL;
   }
+  domains_[slot].access.store(access, std::memory_order_relaxed);
   domains_[slot].domain.store(dom, std::memory_order_release);
   domains_[slot].pd.store(pd, std::memory_order_release);
   domains_[slot].state.store(DomainSlot::kOpen);
@@ -625,6 +795,7 @@ int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_m
   reg.key_shift = s.key_shift.load();
   reg.slots = s.slots.load();
   reg.handle = s.mr.load();
+  reg.access = s.access.load();
   void* region_base = reinterpret_cast<void*>(r->begin());
   int err = to_memory ? dom->DmaWrite(reg, region_base, reinterpret_cast<void*>(a), buf, n)
                       : dom->DmaRead(reg, region_base, reinterpret_cast<void*>(a), buf, n);
@@ -669,6 +840,8 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.releases_deferred = get(releases_deferred_);
   s.cap_hits = get(cap_hits_);
   s.max_pinned = config_.max_pinned;
+  s.releases_notified = get(releases_notified_);
+  s.observers = static_cast<uint64_t>(observer_count_.load());
   for (int d = 0; d < kMaxDomains; d++) {
     rdmalloc_domain_stats& o = s.domain[d];
     const DomainCounters& dc = domain_counters_[d];
@@ -705,11 +878,13 @@ int Heap::DumpRegions(FILE* out) {
     {
       SpinLockGuard g(heap_lock_);
       live = r->seq.load() & 1;
-      base = r->begin();
-      size = r->length();
-      npages = r->pages.npages();
-      in_use = r->pages.used_pages();
-      dedicated = r->dedicated;
+      // A descriptor that is not live may be set up by NewRegion outside the
+      // heap lock right now; a live one's page map only changes under it.
+      base = live ? r->begin() : 0;
+      size = live ? r->length() : 0;
+      npages = live ? r->pages.npages() : 0;
+      in_use = live ? r->pages.used_pages() : 0;
+      dedicated = live && r->dedicated;
     }
     for (int d = 0; d < kMaxDomains; d++) {
       regs[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
@@ -766,6 +941,8 @@ void Heap::ChildAfterFork() {
   for (DomainSlot& d : domains_) {
     if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();
   }
+  // Threads do not survive fork; the next rdmalloc_* call starts ours again.
+  release_thread_.store(false, std::memory_order_relaxed);
 }
 
 }  // namespace rdmalloc

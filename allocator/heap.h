@@ -23,6 +23,17 @@
 namespace rdmalloc {
 
 constexpr size_t kMaxRegions = 16384;
+// Access classes: 0 is the plain heap, 1..7 the RDMALLOC_REMOTE_* combinations.
+constexpr unsigned kAccessClasses = 8;
+constexpr int kMaxObservers = 8;
+
+// The registration rights of an access class (plus local write, which remote
+// write needs and every receive buffer does).
+constexpr int ClassRights(unsigned access_class) {
+  return kAccessLocalWrite | ((access_class & 1) ? kAccessRemoteRead : 0) |
+         ((access_class & 2) ? kAccessRemoteWrite : 0) |
+         ((access_class & 4) ? kAccessRemoteAtomic : 0);
+}
 
 class Heap {
  public:
@@ -41,12 +52,20 @@ class Heap {
   // --- Hook side: may run inside jemalloc; never allocates, never blocks on
   // a lock that a malloc-calling thread could hold.
   // nullptr: no region of ours can take it (the hook then falls back).
-  void* AllocExtent(void* new_addr, size_t size, size_t alignment, bool* zero);
+  // Serves only from regions of `access_class`.
+  void* AllocExtent(unsigned access_class, void* new_addr, size_t size, size_t alignment,
+                    bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
   Region* RegionOf(const void* addr, size_t size) const;
   // jemalloc gave [addr, addr+size) back for good (dalloc or destroy).
   void FreeExtent(Region* r, void* addr, size_t size);
   void CountForeign() { foreign_extents_.fetch_add(1, std::memory_order_relaxed); }
+  // The access class of the live allocation at p (0 for anything not in a
+  // class region). Lock-free; for free() to route class memory past tcaches.
+  unsigned AccessClassOf(const void* p) const {
+    Region* r = map_.Find(reinterpret_cast<uintptr_t>(p));
+    return r != nullptr ? r->access_class : 0;
+  }
 
   // --- API side: ordinary context; may allocate and block.
   // The hit path is inline: no lock, no allocation, no system call.
@@ -58,6 +77,9 @@ class Heap {
   const char* DeviceDescription();
   int Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_memory);
   int Stats(struct rdmalloc_stats* out, size_t size);
+  // Release notifications (rdmalloc_on_release).
+  int AddObserver(rdmalloc_release_fn fn, void* arg);
+  int RemoveObserver(rdmalloc_release_fn fn, void* arg);
   int DumpRegions(FILE* out);
   // RDMALLOC_VERBOSE logging: one line on stderr, built on the stack and
   // written with write(2), so it is safe in hook context.
@@ -75,6 +97,11 @@ class Heap {
     std::atomic<ibv_pd*> pd{nullptr};
     std::atomic<Domain*> domain{nullptr};
     std::atomic<int> state{kFree};
+    std::atomic<int> access{0};  // rights of the plain heap under this domain
+  };
+  struct Observer {
+    std::atomic<rdmalloc_release_fn> fn{nullptr};
+    std::atomic<void*> arg{nullptr};
   };
   // Lookup counters of one thread (or a few, past kStripes threads), on a
   // cache line of their own. Bumped with a plain load and store: exact while
@@ -104,7 +131,7 @@ class Heap {
   int DomainIndexSlow(ibv_pd* pd) const;
   __attribute__((noinline)) int LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
   inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                       uint32_t shift, void* handle, rdmalloc_keys* out) const;
+                       uint32_t shift, void* handle, int access, rdmalloc_keys* out) const;
   int EnsureBackend();
   int Fail(int code, std::atomic<uint64_t>& counter) {
     Bump(counter);
@@ -114,16 +141,23 @@ class Heap {
   // Page heap (heap_lock_ held).
   // Hands pages to jemalloc; returns whether any of them may be non-zero.
   bool CarveLocked(Region* r, size_t first, size_t n);
-  Region* NewRegion(size_t bytes, size_t alignment);
+  Region* NewRegion(size_t bytes, size_t alignment, unsigned access_class);
   void Recycle(Region* r);
 
   // Registration (r->reg_lock held).
   int RegisterLocked(Region* r, int d);
   void DeregisterLocked(Region* r, int d);
+  int RegionAccess(const Region* r, int d) const;
   bool ReleaseLocked(Region* r, bool in_hook);
+  void Unmap(Region* r);
   void Unlock(Region* r, bool in_hook);
   void RunRelease(Region* r, bool in_hook);
   void DrainPending();
+  // Observers and the release thread.
+  void Notify(uintptr_t base, size_t len);
+  void EnsureReleaseThread();
+  void WakeReleaseThread();
+  static void* ReleaseThreadMain(void* heap);
   void RegisterAllLive(int d);
 
   Config config_;
@@ -140,18 +174,28 @@ class Heap {
   Region* regions_ = nullptr;  // live regions by address
   Region* free_descriptors_ = nullptr;
   size_t descriptors_used_ = 0;
-  size_t next_region_bytes_ = kChunkSize;
+  // Regions grow from one chunk to config_.region_size, per access class: a
+  // class used for a few buffers should not pin a full-size region.
+  size_t next_region_bytes_[kAccessClasses] = {kChunkSize, kChunkSize, kChunkSize, kChunkSize,
+                                               kChunkSize, kChunkSize, kChunkSize, kChunkSize};
   Region pool_[kMaxRegions];
 
   SpinLock pending_lock_;
   Region* pending_ = nullptr;  // empty regions whose release must leave hook context
-  std::atomic<int> pending_count_{0};
+  std::atomic<int> pending_count_{0};  // also the release thread's futex word
+  std::atomic<int> draining_{0};       // lists taken off pending_, not yet released
+
+  Observer observers_[kMaxObservers];
+  std::atomic<int> observer_count_{0};
+  std::atomic<int> notifying_{0};  // deliveries under way
+  std::atomic<int> hook_busy_{0};  // FreeExtent calls under way (purge or release decided)
+  std::atomic<bool> release_thread_{false};
 
   Stripe stripes_[kStripes];
   std::atomic<uint64_t> regions_created_{0}, regions_released_{0}, bytes_mapped_{0},
       pages_in_use_{0}, bytes_registered_{0}, bytes_pinned_{0}, reg_calls_{0}, dereg_calls_{0}, reg_ns_{0},
       dereg_ns_{0}, reg_failures_{0}, lookup_reg_failed_{0}, lookup_slow_{0}, foreign_extents_{0},
-      releases_deferred_{0}, cap_hits_{0};
+      releases_deferred_{0}, cap_hits_{0}, releases_notified_{0};
 };
 
 // Each thread bumps its own stripe of the lookup counter: no shared cache
@@ -169,7 +213,7 @@ inline unsigned Heap::t_stripe_index() {
 }
 
 inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                    uint32_t shift, void* handle, rdmalloc_keys* out) const {
+                    uint32_t shift, void* handle, int access, rdmalloc_keys* out) const {
   uintptr_t base = r->begin();
   uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
   out->lkey = lkey + step;
@@ -182,6 +226,7 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
   out->len = len;
   out->reg_errno = 0;
   out->domain = d;
+  out->access = access;
 }
 
 inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
@@ -205,9 +250,10 @@ inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys*
     uint32_t rkey = s.rkey.load(std::memory_order_relaxed);
     uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
     void* handle = s.handle.load(std::memory_order_relaxed);
+    int access = s.access.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq) {
-      FillKeys(r, d, a, len, lkey, rkey, shift, handle, out);
+      FillKeys(r, d, a, len, lkey, rkey, shift, handle, access, out);
       return RDMALLOC_OK;
     }
   }

@@ -16,6 +16,9 @@ void* rdmj_memalign(size_t alignment, size_t size);
 void* rdmj_valloc(size_t size);
 void* rdmj_mallocx(size_t size, int flags);
 void* rdmj_rallocx(void* p, size_t size, int flags);
+void rdmj_free(void* p);
+void rdmj_dallocx(void* p, int flags);
+void rdmj_sdallocx(void* p, size_t size, int flags);
 int rdmj_mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
 int rdmj_mallctlnametomib(const char* name, size_t* mibp, size_t* miblenp);
 int rdmj_mallctlbymib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,

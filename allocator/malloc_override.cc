@@ -1,8 +1,11 @@
-// The malloc family, C++ new, and jemalloc's mallctl: thin wrappers that make
-// sure rdmalloc's hooks are installed before jemalloc serves the first byte,
-// then tail-call jemalloc. Frees go straight to jemalloc (nothing to free
-// before the first allocation).
+// The malloc family, C++ new/delete, and jemalloc's mallctl: thin wrappers
+// that make sure rdmalloc's hooks are installed before jemalloc serves the
+// first byte, then tail-call jemalloc; and the access classes' allocation
+// entry points. Frees route class memory past jemalloc's thread caches: a
+// cached class block would otherwise be handed to a plain malloc, putting
+// unrelated data where a peer may read or write it.
 #include <errno.h>
+#include <jemalloc/jemalloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
@@ -77,6 +80,32 @@ void EnsureInitialisedSlow() {
 
 using rdmalloc::EnsureInitialised;
 
+namespace {
+
+// The access class of a block being freed or resized; 0 (plain) for
+// everything while no class arena exists, at the cost of one load.
+inline unsigned ClassOf(const void* p) {
+  if (__builtin_expect(!rdmalloc::g_classes_in_use.load(std::memory_order_relaxed), 1) ||
+      p == nullptr)
+    return 0;
+  return rdmalloc::TheHeap().AccessClassOf(p);
+}
+
+constexpr unsigned kKnownClassFlags = RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRITE |
+                                      RDMALLOC_REMOTE_ATOMIC;
+
+// mallocx flags serving access class c, or -1 (errno set) if its arena cannot be had.
+int ClassFlags(unsigned c) {
+  unsigned arena = rdmalloc::ClassArena(c);
+  if (arena == 0) {
+    errno = ENOMEM;
+    return -1;
+  }
+  return MALLOCX_ARENA(arena) | MALLOCX_TCACHE_NONE;
+}
+
+}  // namespace
+
 RDMALLOC_EXPORT void* malloc(size_t size) {
   EnsureInitialised();
   return rdmj_malloc(size);
@@ -87,7 +116,58 @@ RDMALLOC_EXPORT void* calloc(size_t n, size_t size) {
 }
 RDMALLOC_EXPORT void* realloc(void* p, size_t size) {
   EnsureInitialised();
+  if (unsigned c = ClassOf(p)) {
+    // Stays in its class. size 0 frees, as glibc's realloc does.
+    if (size == 0) {
+      rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
+      return nullptr;
+    }
+    int flags = ClassFlags(c);
+    if (flags < 0) return nullptr;
+    void* q = rdmj_rallocx(p, size, flags);
+    if (q == nullptr) errno = ENOMEM;
+    return q;
+  }
   return rdmj_realloc(p, size);
+}
+RDMALLOC_EXPORT void free(void* p) {
+  if (ClassOf(p) != 0) return rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
+  rdmj_free(p);
+}
+RDMALLOC_EXPORT void dallocx(void* p, int flags) {
+  if (ClassOf(p) != 0) flags |= MALLOCX_TCACHE_NONE;
+  rdmj_dallocx(p, flags);
+}
+RDMALLOC_EXPORT void sdallocx(void* p, size_t size, int flags) {
+  if (ClassOf(p) != 0) flags |= MALLOCX_TCACHE_NONE;
+  rdmj_sdallocx(p, size, flags);
+}
+
+RDMALLOC_EXPORT void* rdmalloc_alloc(size_t size, unsigned flags) {
+  EnsureInitialised();
+  if ((flags & ~kKnownClassFlags) != 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (flags == 0) return rdmj_malloc(size);
+  int mflags = ClassFlags(flags);
+  if (mflags < 0) return nullptr;
+  void* p = rdmj_mallocx(size == 0 ? 1 : size, mflags);
+  if (p == nullptr) errno = ENOMEM;
+  return p;
+}
+RDMALLOC_EXPORT void* rdmalloc_aligned_alloc(size_t alignment, size_t size, unsigned flags) {
+  EnsureInitialised();
+  if ((flags & ~kKnownClassFlags) != 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (flags == 0) return rdmj_aligned_alloc(alignment, size);
+  int mflags = ClassFlags(flags);
+  if (mflags < 0) return nullptr;
+  void* p = rdmj_mallocx(size == 0 ? 1 : size, mflags | MALLOCX_ALIGN(alignment));
+  if (p == nullptr) errno = ENOMEM;
+  return p;
 }
 RDMALLOC_EXPORT int posix_memalign(void** p, size_t alignment, size_t size) {
   EnsureInitialised();
@@ -122,6 +202,12 @@ RDMALLOC_EXPORT void* mallocx(size_t size, int flags) {
 }
 RDMALLOC_EXPORT void* rallocx(void* p, size_t size, int flags) {
   EnsureInitialised();
+  if (unsigned c = ClassOf(p)) {
+    constexpr int kArenaBits = ~((1 << 20) - 1);  // MALLOCX_ARENA's field
+    int class_flags = ClassFlags(c);
+    if (class_flags < 0) return nullptr;
+    flags = (flags & ~kArenaBits) | class_flags;
+  }
   return rdmj_rallocx(p, size, flags);
 }
 RDMALLOC_EXPORT int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
@@ -195,3 +281,43 @@ __attribute__((visibility("default"))) void* operator new[](size_t n, std::align
   EnsureInitialised();
   return rdmj__ZnamSt11align_val_tRKSt9nothrow_t(n, a, t);
 }
+
+// C++ delete: jemalloc's are renamed like free; class memory skips the tcache.
+extern "C" {
+void rdmj__ZdlPv(void*) noexcept;
+void rdmj__ZdaPv(void*) noexcept;
+void rdmj__ZdlPvm(void*, size_t) noexcept;
+void rdmj__ZdaPvm(void*, size_t) noexcept;
+void rdmj__ZdlPvRKSt9nothrow_t(void*, const std::nothrow_t&) noexcept;
+void rdmj__ZdaPvRKSt9nothrow_t(void*, const std::nothrow_t&) noexcept;
+void rdmj__ZdlPvSt11align_val_t(void*, std::align_val_t) noexcept;
+void rdmj__ZdaPvSt11align_val_t(void*, std::align_val_t) noexcept;
+void rdmj__ZdlPvmSt11align_val_t(void*, size_t, std::align_val_t) noexcept;
+void rdmj__ZdaPvmSt11align_val_t(void*, size_t, std::align_val_t) noexcept;
+void rdmj__ZdlPvSt11align_val_tRKSt9nothrow_t(void*, std::align_val_t,
+                                              const std::nothrow_t&) noexcept;
+void rdmj__ZdaPvSt11align_val_tRKSt9nothrow_t(void*, std::align_val_t,
+                                              const std::nothrow_t&) noexcept;
+}
+
+#define RDMALLOC_DELETE(signature, call)                                  \
+  __attribute__((visibility("default"))) void operator signature noexcept { \
+    if (ClassOf(p) != 0) return rdmj_dallocx(p, MALLOCX_TCACHE_NONE);      \
+    call;                                                                  \
+  }
+RDMALLOC_DELETE(delete(void* p), rdmj__ZdlPv(p))
+RDMALLOC_DELETE(delete[](void* p), rdmj__ZdaPv(p))
+RDMALLOC_DELETE(delete(void* p, size_t n), rdmj__ZdlPvm(p, n))
+RDMALLOC_DELETE(delete[](void* p, size_t n), rdmj__ZdaPvm(p, n))
+RDMALLOC_DELETE(delete(void* p, const std::nothrow_t& t), rdmj__ZdlPvRKSt9nothrow_t(p, t))
+RDMALLOC_DELETE(delete[](void* p, const std::nothrow_t& t), rdmj__ZdaPvRKSt9nothrow_t(p, t))
+RDMALLOC_DELETE(delete(void* p, std::align_val_t a), rdmj__ZdlPvSt11align_val_t(p, a))
+RDMALLOC_DELETE(delete[](void* p, std::align_val_t a), rdmj__ZdaPvSt11align_val_t(p, a))
+RDMALLOC_DELETE(delete(void* p, size_t n, std::align_val_t a), rdmj__ZdlPvmSt11align_val_t(p, n, a))
+RDMALLOC_DELETE(delete[](void* p, size_t n, std::align_val_t a),
+                rdmj__ZdaPvmSt11align_val_t(p, n, a))
+RDMALLOC_DELETE(delete(void* p, std::align_val_t a, const std::nothrow_t& t),
+                rdmj__ZdlPvSt11align_val_tRKSt9nothrow_t(p, a, t))
+RDMALLOC_DELETE(delete[](void* p, std::align_val_t a, const std::nothrow_t& t),
+                rdmj__ZdaPvSt11align_val_tRKSt9nothrow_t(p, a, t))
+#undef RDMALLOC_DELETE

@@ -102,9 +102,12 @@ int rdmalloc_on_release_remove(rdmalloc_release_fn fn, void *arg);
 /* "verbs", "uring" or "none". */
 const char *rdmalloc_backend(void);
 
-/* Move bytes through the registration, as a NIC would: dma_write puts src into
- * the registered pages at keys->addr + off; dma_read copies them out. Proves a
- * buffer's registration is live (tests, health checks). */
+/* Move bytes through the registration, as a peer's NIC would: dma_write puts
+ * src into the registered pages at keys->addr + off (an RDMA WRITE: needs
+ * remote write), dma_read copies them out (an RDMA READ: needs remote read);
+ * without the right it fails with RDMALLOC_EDMA and errno EACCES, as the NIC
+ * refuses it. Proves a buffer's registration is live (tests, health checks):
+ * use memory from rdmalloc_alloc with the matching RDMALLOC_REMOTE_* flags. */
 int rdmalloc_dma_write(const struct rdmalloc_keys *k, size_t off, const void *src, size_t n);
 int rdmalloc_dma_read(const struct rdmalloc_keys *k, size_t off, void *dst, size_t n);
 
@@ -148,6 +151,8 @@ struct rdmalloc_stats {
   uint64_t cap_hits;         /* registrations refused by RDMALLOC_MAX_PINNED */
   uint64_t max_pinned;       /* the cap, bytes (UINT64_MAX: none) */
   struct rdmalloc_domain_stats domain[RDMALLOC_MAX_DOMAINS];
+  uint64_t releases_notified;/* rdmalloc_on_release callbacks run */
+  uint64_t observers;        /* rdmalloc_on_release observers registered */
 };
 /* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
  * many were filled, so old callers keep working when the struct grows. */

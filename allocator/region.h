@@ -25,6 +25,7 @@ struct RegSlot {
   std::atomic<uint32_t> rkey{0};
   std::atomic<uint32_t> key_shift{0};
   std::atomic<uint32_t> slots{0};
+  std::atomic<int> access{0};          // the rights it was registered with
   std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
   std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
 };
@@ -73,6 +74,9 @@ struct Region {
   // Made for one request larger than any shared region: no other extent is
   // placed in it (only in-place growth), so it is released when that one is.
   bool dedicated = false;
+  // Access class (RDMALLOC_REMOTE_* bits; 0: the plain heap). A region holds
+  // extents of one class only and is registered with that class's rights.
+  uint8_t access_class = 0;
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).

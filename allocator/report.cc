@@ -52,6 +52,12 @@ void Json(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         U(s.lookups), U(s.lookup_slow), U(s.lookup_not_ours), U(s.lookup_cross));
   o.Add("\"lookup_reg_failed\":%llu,\"lookup_einval\":%llu,\"foreign_extents\":%llu,",
         U(s.lookup_reg_failed), U(s.lookup_einval), U(s.foreign_extents));
+  char access[128];
+  FormatAccess(c.access, access, sizeof access);
+  o.Add("\"plain_access\":\"%s\",\"plain_heap_remote\":%s,", access,
+        (c.access & kRemoteAccess) != 0 ? "true" : "false");
+  o.Add("\"observers\":%llu,\"releases_notified\":%llu,", U(s.observers),
+        U(s.releases_notified));
   o.Add("\"releases_deferred\":%llu,\"domains\":[", U(s.releases_deferred));
   bool first = true;
   for (int d = 0; d < RDMALLOC_MAX_DOMAINS; d++) {
@@ -70,6 +76,15 @@ void Text(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
   o.Add("rdmalloc report (pid %d)\n", getpid());
   o.Add("  backend      %s (%s), %s registration, %llu domain(s)\n", backend, device,
         c.register_mode == RegisterMode::kEager ? "eager" : "lazy", U(s.domains));
+  char access[128];
+  FormatAccess(c.access, access, sizeof access);
+  if ((c.access & kRemoteAccess) != 0)
+    o.Add("  access       plain heap %s -- WARNING: RDMALLOC_ACCESS widened it: a peer holding any "
+          "of its rkeys can reach unrelated heap data; use rdmalloc_alloc for remote buffers\n",
+          access);
+  else
+    o.Add("  access       plain heap %s (local only; remote access through rdmalloc_alloc)\n",
+          access);
   o.Add("  regions      %llu live, %llu created, %llu released\n", U(s.regions_live),
         U(s.regions_created), U(s.regions_released));
   o.Add("  memory       %.1f MiB mapped, %.1f MiB in use by jemalloc, %.1f MiB registered "
@@ -90,6 +105,9 @@ void Text(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         "%llu reg failed, %llu bad args)\n",
         U(s.lookups), U(s.lookup_slow), U(s.lookup_not_ours), U(s.lookup_cross),
         U(s.lookup_reg_failed), U(s.lookup_einval));
+  if (s.observers != 0 || s.releases_notified != 0)
+    o.Add("  observers    %llu, %llu release notifications\n", U(s.observers),
+          U(s.releases_notified));
 }
 
 __attribute__((destructor)) void ExitReport() {

@@ -157,7 +157,9 @@ TEST(Domains, AddMakesTheExistingHeapAvailableRemoveDeregisters) {
   long pin_before = VmPinKb();
   static int token;
   auto* pd = reinterpret_cast<ibv_pd*>(&token);
-  ASSERT_EQ(rdmalloc_add_pd(pd, RDMALLOC_ACCESS_LOCAL_WRITE), RDMALLOC_OK);
+  // Remote read: the check below reads through the new domain as a peer would.
+  ASSERT_EQ(rdmalloc_add_pd(pd, RDMALLOC_ACCESS_LOCAL_WRITE | RDMALLOC_ACCESS_REMOTE_READ),
+            RDMALLOC_OK);
   EXPECT_EQ(rdmalloc_add_pd(pd, RDMALLOC_ACCESS_LOCAL_WRITE), RDMALLOC_EINVAL) << "twice";
   rdmalloc_keys k1;
   ASSERT_EQ(rdmalloc_lookup(p, size_t{4} << 20, pd, &k1), RDMALLOC_OK);

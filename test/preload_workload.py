@@ -30,7 +30,12 @@ class Keys(ctypes.Structure):
     _fields_ = [("lkey", ctypes.c_uint32), ("rkey", ctypes.c_uint32), ("mr", ctypes.c_void_p),
                 ("handle", ctypes.c_void_p), ("region_base", ctypes.c_void_p),
                 ("region_len", ctypes.c_size_t), ("addr", ctypes.c_void_p), ("len", ctypes.c_size_t),
-                ("reg_errno", ctypes.c_int), ("domain", ctypes.c_int)]
+                ("reg_errno", ctypes.c_int), ("domain", ctypes.c_int), ("access", ctypes.c_int)]
+
+
+LOCAL_WRITE = 1          # RDMALLOC_ACCESS_LOCAL_WRITE
+REMOTE_READ_WRITE = 3    # RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRITE
+EDMA = -6
 
 
 def rdma_like():
@@ -44,21 +49,37 @@ def rdma_like():
     addr = ctypes.addressof(ctypes.c_char.from_buffer(small))
     rc = lib.rdmalloc_lookup(ctypes.c_void_p(addr), ctypes.c_size_t(64), None, ctypes.byref(keys))
     assert rc == -1, f"pymalloc memory should not be rdmalloc's: {rc}"
+    # Plain malloc memory (bytearrays) is registered for local access only:
+    # its keys carry no remote rights and a peer's write through them is refused.
     for size in (1000, 4096, 1 << 20, 16 << 20):
         buf = bytearray(size)
         addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         keys = Keys()
         rc = lib.rdmalloc_lookup(ctypes.c_void_p(addr), ctypes.c_size_t(size), None, ctypes.byref(keys))
         assert rc == 0, f"lookup of a {size}-byte bytearray failed: {rc}"
+        assert keys.access == LOCAL_WRITE, f"plain heap keys carry rights {keys.access:#x}"
+        rc = lib.rdmalloc_dma_write(ctypes.byref(keys), ctypes.c_size_t(0), b"x", ctypes.c_size_t(1))
+        assert rc == EDMA and buf[0] == 0, f"a remote write into plain memory was not refused: {rc}"
+    # Buffers meant for peers come from rdmalloc_alloc with remote rights.
+    lib.rdmalloc_alloc.restype = ctypes.c_void_p
+    for size in (1000, 4096, 1 << 20, 16 << 20):
+        addr = lib.rdmalloc_alloc(ctypes.c_size_t(size), ctypes.c_uint(REMOTE_READ_WRITE))
+        assert addr, f"rdmalloc_alloc({size}) failed"
+        buf = (ctypes.c_char * size).from_address(addr)
+        keys = Keys()
+        rc = lib.rdmalloc_lookup(ctypes.c_void_p(addr), ctypes.c_size_t(size), None, ctypes.byref(keys))
+        assert rc == 0, f"lookup of a {size}-byte remote buffer failed: {rc}"
+        assert keys.access & 6 == 6, f"remote buffer keys lack rights: {keys.access:#x}"
         payload = bytes((i * 7 + size) % 251 for i in range(min(size, 65536)))
         rc = lib.rdmalloc_dma_write(ctypes.byref(keys), ctypes.c_size_t(0), payload, ctypes.c_size_t(len(payload)))
         assert rc == 0, f"dma_write failed: {rc}"
         assert bytes(buf[:len(payload)]) == payload, "NIC->CPU mismatch"
-        buf[:len(payload)] = payload[::-1]
+        ctypes.memmove(addr, payload[::-1], len(payload))
         out = ctypes.create_string_buffer(len(payload))
         rc = lib.rdmalloc_dma_read(ctypes.byref(keys), ctypes.c_size_t(0), out, ctypes.c_size_t(len(payload)))
         assert rc == 0, f"dma_read failed: {rc}"
         assert out.raw == payload[::-1], "CPU->NIC mismatch"
+        lib.free(ctypes.c_void_p(addr))
         checked += 1
     return lib.rdmalloc_backend().decode(), checked
 

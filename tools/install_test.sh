@@ -20,7 +20,7 @@ cat > "$tmp/prog.c" <<'C'
 #include <string.h>
 int main(void) {
   size_t n = 1 << 20;
-  char *p = malloc(n);
+  char *p = rdmalloc_alloc(n, RDMALLOC_REMOTE_READ); /* read back as a peer would */
   memset(p, 7, n);
   struct rdmalloc_keys k;
   int rc = rdmalloc_lookup(p, n, NULL, &k);

@@ -16,6 +16,10 @@ namespace rdmalloc {
 
 // What one domain holds for one region.
 struct Registration {
+  // In: the rights to register with (RDMALLOC_ACCESS_* bits); 0 means the
+  // domain's own (those it was opened with). Access classes need per-region
+  // rights under one protection domain.
+  int access = 0;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
   void* handle = nullptr;  // ibv_mr* (verbs); nullptr (uring)

@@ -19,6 +19,7 @@ namespace {
 // The "wire": a memfd the soft NIC reads from and writes to.
 constexpr size_t kWireBytes = size_t{1} << 20;
 constexpr unsigned kMaxSlotsPerRegion = 64;
+constexpr int kRemoteWriteBit = 2, kRemoteReadBit = 4;  // RDMALLOC_ACCESS_REMOTE_*
 
 class UringDomain final : public Domain {
  public:
@@ -80,12 +81,17 @@ class UringDomain final : public Domain {
     return err;
   }
 
+  // A NIC refuses a peer's RDMA WRITE into an MR without remote write, and a
+  // READ from one without remote read; so does this soft NIC (access 0: the
+  // caller did not say, as in the registrar's own tests).
   int DmaWrite(const Registration& reg, const void* region_base, void* addr, const void* src,
                size_t n) override {
+    if (reg.access != 0 && !(reg.access & kRemoteWriteBit)) return EACCES;
     return Transfer(reg, region_base, addr, const_cast<void*>(src), n, /*to_memory=*/true);
   }
   int DmaRead(const Registration& reg, const void* region_base, const void* addr, void* dst,
               size_t n) override {
+    if (reg.access != 0 && !(reg.access & kRemoteReadBit)) return EACCES;
     return Transfer(reg, region_base, const_cast<void*>(addr), dst, n, /*to_memory=*/false);
   }
 

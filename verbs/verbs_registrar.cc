@@ -61,7 +61,7 @@ class VerbsDomain final : public Domain {
     // would act on the parent's objects.
     if (forked_) return EOPNOTSUPP;
     errno = 0;
-    ibv_mr* mr = api_.reg_mr(pd_, base, len, access_);
+    ibv_mr* mr = api_.reg_mr(pd_, base, len, out->access != 0 ? out->access : access_);
     if (mr == nullptr) return errno != 0 ? errno : EIO;
     out->lkey = mr->lkey;
     out->rkey = mr->rkey;
