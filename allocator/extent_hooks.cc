@@ -25,13 +25,16 @@ SpinLock g_class_lock;
 // jemalloc's base allocator maps each arena's metadata (the arena itself,
 // extent descriptors) through that arena's hooks, always as whole huge pages
 // with huge-page alignment. Data extents never look like that: a large
-// allocation carries a one-page pad. Metadata goes to the plain heap, so no
-// peer's rkey ever covers allocator state.
+// allocation carries a one-page pad (jemalloc's cache-oblivious layout, a
+// build option that Debian's jemalloc has on; test/access_class_test checks
+// that aligned large extents are not taken for metadata).
+// Metadata gets regions of its own that are never registered: no peer's rkey
+// covers allocator state, and a lookup of a neighbouring buffer cannot pin
+// metadata, which is never freed, for good.
 unsigned ClassForExtent(unsigned arena_ind, size_t size, size_t alignment) {
+  if (alignment == kChunkSize && size % kChunkSize == 0) return kMetadataRegions;
   if (arena_ind >= kMaxArenas) return 0;
-  unsigned c = g_arena_class[arena_ind].load(std::memory_order_acquire);
-  if (c != 0 && alignment == kChunkSize && size % kChunkSize == 0) return 0;
-  return c;
+  return g_arena_class[arena_ind].load(std::memory_order_acquire);
 }
 
 // jemalloc's own hooks: they still own the few extents it mapped while it
@@ -49,7 +52,7 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
   }
   if (new_addr != nullptr) return nullptr;  // growth in place is just not possible here
   // Class memory must be registered with its rights, or not exist.
-  if (c != 0) return nullptr;
+  if (c != 0 && c != kMetadataRegions) return nullptr;
   // No region could be made (address space or descriptors exhausted): hand out
   // unregistered memory rather than fail the allocation. Lookups report it.
   void* p = g_default->alloc(g_default, nullptr, size, alignment, zero, commit, arena_ind);
@@ -131,8 +134,6 @@ unsigned ClassArena(unsigned access_class) {
   SpinLockGuard g(g_class_lock);
   a = g_class_arena[access_class].load(std::memory_order_relaxed);
   if (a != 0) return a;
-  // The new arena's first metadata block is mapped while it is created,
-  // before its class is known here: it lands in the plain heap, as it should.
   unsigned ind = 0;
   size_t len = sizeof ind;
   extent_hooks_t* ours = &g_hooks;

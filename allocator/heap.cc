@@ -298,7 +298,7 @@ Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   r->access_class = static_cast<uint8_t>(access_class);
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
-  if (config_.register_mode == RegisterMode::kEager &&
+  if (config_.register_mode == RegisterMode::kEager && access_class != kMetadataRegions &&
       backend_ready_.load(std::memory_order_acquire)) {
     r->reg_lock.Lock();
     for (int d = 0; d < kMaxDomains; d++) {
@@ -662,7 +662,7 @@ void Heap::RegisterAllLive(int d) {
   }
   for (size_t i = 0; i < used; i++) {
     Region* r = &pool_[i];
-    if (!(r->seq.load() & 1)) continue;
+    if (!(r->seq.load() & 1) || r->access_class == kMetadataRegions) continue;
     r->reg_lock.Lock();
     if ((r->seq.load() & 1) && r->reg[d].state.load() != RegSlot::kRegistered) RegisterLocked(r, d);
     Unlock(r, /*in_hook=*/false);
@@ -679,6 +679,10 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   r->reg_lock.Lock();
   if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
+    Unlock(r, false);
+    return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
+  }
+  if (r->access_class == kMetadataRegions) {  // no allocation lives there
     Unlock(r, false);
     return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
@@ -871,6 +875,7 @@ int Heap::DumpRegions(FILE* out) {
     uintptr_t base;
     size_t size, npages, in_use;
     bool dedicated, live;
+    unsigned access_class;
     struct {
       uint32_t state, lkey, rkey;
     } regs[kMaxDomains];
@@ -885,6 +890,7 @@ int Heap::DumpRegions(FILE* out) {
       npages = live ? r->pages.npages() : 0;
       in_use = live ? r->pages.used_pages() : 0;
       dedicated = live && r->dedicated;
+      access_class = live ? r->access_class : 0;
     }
     for (int d = 0; d < kMaxDomains; d++) {
       regs[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
@@ -894,6 +900,11 @@ int Heap::DumpRegions(FILE* out) {
     fprintf(out, "region %p-%p %8zu KiB  used %5.1f%%%s", reinterpret_cast<void*>(base),
             reinterpret_cast<void*>(base + size), size >> 10,
             npages != 0 ? 100.0 * in_use / npages : 0.0, dedicated ? "  dedicated" : "");
+    if (access_class == kMetadataRegions)
+      fprintf(out, "  metadata");
+    else if (access_class != 0)
+      fprintf(out, "  class %s%s%s", (access_class & 1) ? "r" : "", (access_class & 2) ? "w" : "",
+              (access_class & 4) ? "a" : "");
     for (int d = 0; d < kMaxDomains; d++) {
       if (regs[d].state == RegSlot::kRegistered)
         fprintf(out, "  domain %d: lkey %u rkey %u", d, regs[d].lkey, regs[d].rkey);

@@ -25,6 +25,11 @@ namespace rdmalloc {
 constexpr size_t kMaxRegions = 16384;
 // Access classes: 0 is the plain heap, 1..7 the RDMALLOC_REMOTE_* combinations.
 constexpr unsigned kAccessClasses = 8;
+// Regions of jemalloc's own metadata (arena structs, extent descriptors):
+// never registered, so no key ever covers allocator state, and never pinned
+// by a neighbour's lookup (metadata is never freed).
+constexpr unsigned kMetadataRegions = kAccessClasses;
+constexpr unsigned kRegionKinds = kAccessClasses + 1;
 constexpr int kMaxObservers = 8;
 
 // The registration rights of an access class (plus local write, which remote
@@ -52,7 +57,7 @@ class Heap {
   // --- Hook side: may run inside jemalloc; never allocates, never blocks on
   // a lock that a malloc-calling thread could hold.
   // nullptr: no region of ours can take it (the hook then falls back).
-  // Serves only from regions of `access_class`.
+  // Serves only from regions of `access_class` (or kMetadataRegions).
   void* AllocExtent(unsigned access_class, void* new_addr, size_t size, size_t alignment,
                     bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
@@ -176,8 +181,9 @@ class Heap {
   size_t descriptors_used_ = 0;
   // Regions grow from one chunk to config_.region_size, per access class: a
   // class used for a few buffers should not pin a full-size region.
-  size_t next_region_bytes_[kAccessClasses] = {kChunkSize, kChunkSize, kChunkSize, kChunkSize,
-                                               kChunkSize, kChunkSize, kChunkSize, kChunkSize};
+  size_t next_region_bytes_[kRegionKinds] = {kChunkSize, kChunkSize, kChunkSize,
+                                             kChunkSize, kChunkSize, kChunkSize,
+                                             kChunkSize, kChunkSize, kChunkSize};
   Region pool_[kMaxRegions];
 
   SpinLock pending_lock_;

@@ -253,6 +253,83 @@ TEST(AccessClass, ThreadsMixingClassesAndPlainNeverShareRegions) {
   EXPECT_EQ(violations.load(), 0);
 }
 
+// Lines of rdmalloc_dump_regions.
+std::vector<std::string> DumpLines() {
+  std::vector<std::string> lines;
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  rdmalloc_dump_regions(f);
+  fclose(f);
+  std::string all(text, len);
+  free(text);
+  size_t at = 0;
+  while (at < all.size()) {
+    size_t nl = all.find('\n', at);
+    if (nl == std::string::npos) nl = all.size();
+    lines.push_back(all.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return lines;
+}
+
+// jemalloc's metadata (arena structs, extent descriptors of every arena but
+// arena 0, class arenas included) lives in regions that are never
+// registered, even eagerly: no key covers allocator state, and metadata,
+// which is never freed, never pins a region.
+TEST(AccessClass, MetadataRegionsAreNeverRegistered) {
+  if (getenv("TEST_RERUN_CHILD") == nullptr) {
+    EXPECT_EQ(rdmalloc_test::RerunSelf("AccessClass.MetadataRegionsAreNeverRegistered",
+                                       {"RDMALLOC_REGISTER=eager"}),
+              0)
+        << "eager";
+  }
+  for (unsigned flags = 1; flags < 8; flags++) {
+    void* p = rdmalloc_alloc(100, flags);  // makes the class arena
+    ASSERT_NE(p, nullptr);
+    Keys(p, 100);
+    free(p);
+  }
+  size_t metadata = 0, registered_elsewhere = 0;
+  for (const std::string& line : DumpLines()) {
+    if (line.find("metadata") != std::string::npos) {
+      metadata++;
+      EXPECT_EQ(line.find("domain"), std::string::npos) << line;
+      uintptr_t base = std::stoull(line.substr(7, line.find('-') - 7), nullptr, 16);
+      rdmalloc_keys k;
+      EXPECT_EQ(rdmalloc_lookup(reinterpret_cast<void*>(base), 1, nullptr, &k), RDMALLOC_ENOTOURS)
+          << line;
+    } else if (line.find("domain 0") != std::string::npos) {
+      registered_elsewhere++;
+    }
+  }
+  EXPECT_GE(metadata, 1u) << "the class arenas' metadata went somewhere else";
+  EXPECT_GE(registered_elsewhere, 1u);
+  if (getenv("TEST_RERUN_CHILD") != nullptr) {
+    for (const std::string& line : DumpLines()) {
+      if (line.find("metadata") == std::string::npos)
+        EXPECT_NE(line.find("domain 0"), std::string::npos) << "eager: " << line;
+    }
+  }
+}
+
+// Data extents must never be taken for metadata (2 MiB-aligned whole huge
+// pages): the largest alignments and sizes still give registrable memory.
+TEST(AccessClass, HugeAlignedBuffersAreNotTakenForMetadata) {
+  for (size_t align = size_t{2} << 20; align <= (size_t{8} << 20); align <<= 1) {
+    for (size_t n = size_t{2} << 20; n <= (size_t{16} << 20); n <<= 1) {
+      void* p = nullptr;
+      ASSERT_EQ(posix_memalign(&p, align, n), 0);
+      Keys(p, n);
+      free(p);
+      void* c = rdmalloc_aligned_alloc(align, n, RDMALLOC_REMOTE_WRITE);
+      ASSERT_NE(c, nullptr);
+      EXPECT_EQ(Keys(c, n).access, Rights(RDMALLOC_REMOTE_WRITE));
+      free(c);
+    }
+  }
+}
+
 // RDMALLOC_ACCESS may widen the plain heap for legacy code; the report says so.
 TEST(AccessClass, WideningThePlainHeapIsWarnedAboutInTheReport) {
   if (getenv("TEST_RERUN_CHILD") != nullptr) {
