@@ -953,7 +953,12 @@ void Heap::ChildAfterFork() {
     if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();
   }
   // Threads do not survive fork; the next rdmalloc_* call starts ours again.
+  // Work other threads had under way (a drain, a callback, a hook) will not
+  // finish here: nobody may wait for it.
   release_thread_.store(false, std::memory_order_relaxed);
+  draining_.store(0, std::memory_order_relaxed);
+  notifying_.store(0, std::memory_order_relaxed);
+  hook_busy_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace rdmalloc

@@ -94,6 +94,13 @@ inline unsigned ClassOf(const void* p) {
 constexpr unsigned kKnownClassFlags = RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRITE |
                                       RDMALLOC_REMOTE_ATOMIC;
 
+// MALLOCX_TCACHE's and MALLOCX_ARENA's fields in mallocx flags.
+constexpr int kTcacheBits = 0xfff << 8;
+constexpr int kArenaBits = ~((1 << 20) - 1);
+
+// Class memory never goes through a thread cache, whatever the caller asked.
+int WithoutTcache(int flags) { return (flags & ~kTcacheBits) | MALLOCX_TCACHE_NONE; }
+
 // mallocx flags serving access class c, or -1 (errno set) if its arena cannot be had.
 int ClassFlags(unsigned c) {
   unsigned arena = rdmalloc::ClassArena(c);
@@ -135,11 +142,11 @@ RDMALLOC_EXPORT void free(void* p) {
   rdmj_free(p);
 }
 RDMALLOC_EXPORT void dallocx(void* p, int flags) {
-  if (ClassOf(p) != 0) flags |= MALLOCX_TCACHE_NONE;
+  if (ClassOf(p) != 0) flags = WithoutTcache(flags);
   rdmj_dallocx(p, flags);
 }
 RDMALLOC_EXPORT void sdallocx(void* p, size_t size, int flags) {
-  if (ClassOf(p) != 0) flags |= MALLOCX_TCACHE_NONE;
+  if (ClassOf(p) != 0) flags = WithoutTcache(flags);
   rdmj_sdallocx(p, size, flags);
 }
 
@@ -203,10 +210,9 @@ RDMALLOC_EXPORT void* mallocx(size_t size, int flags) {
 RDMALLOC_EXPORT void* rallocx(void* p, size_t size, int flags) {
   EnsureInitialised();
   if (unsigned c = ClassOf(p)) {
-    constexpr int kArenaBits = ~((1 << 20) - 1);  // MALLOCX_ARENA's field
-    int class_flags = ClassFlags(c);
+    int class_flags = ClassFlags(c);  // its arena, no thread cache
     if (class_flags < 0) return nullptr;
-    flags = (flags & ~kArenaBits) | class_flags;
+    flags = (flags & ~(kArenaBits | kTcacheBits)) | class_flags;
   }
   return rdmj_rallocx(p, size, flags);
 }

@@ -159,6 +159,33 @@ TEST(AccessClass, FreedClassBlocksAreNotReusedByMallocOrNew) {
   }
 }
 
+// jemalloc's own API with an explicit thread cache: class memory still
+// bypasses it (a cached class block would be handed to a plain mallocx).
+TEST(AccessClass, ExplicitTcacheFlagsDoNotCacheClassMemory) {
+  unsigned tc = 0;
+  size_t len = sizeof tc;
+  ASSERT_EQ(mallctl("tcache.create", &tc, &len, nullptr, 0), 0);
+  for (int i = 0; i < 200; i++) {
+    void* c = rdmalloc_alloc(96, RDMALLOC_REMOTE_READ);
+    ASSERT_NE(c, nullptr);
+    if (i % 2 == 0) {
+      dallocx(c, MALLOCX_TCACHE(tc));
+    } else {
+      sdallocx(c, 96, MALLOCX_TCACHE(tc));
+    }
+    void* p = mallocx(96, MALLOCX_TCACHE(tc));
+    ASSERT_NE(p, c) << "a class block came back from a thread cache";
+    EXPECT_EQ(Keys(p, 96).access, RDMALLOC_ACCESS_LOCAL_WRITE);
+    dallocx(p, MALLOCX_TCACHE(tc));
+  }
+  void* c = rdmalloc_alloc(96, RDMALLOC_REMOTE_READ);
+  void* grown = rallocx(c, 5000, MALLOCX_TCACHE(tc));
+  ASSERT_NE(grown, nullptr);
+  EXPECT_EQ(Keys(grown, 5000).access, Rights(RDMALLOC_REMOTE_READ)) << "rallocx keeps the class";
+  dallocx(grown, MALLOCX_TCACHE(tc));
+  mallctl("tcache.destroy", nullptr, nullptr, &tc, sizeof tc);
+}
+
 TEST(AccessClass, ReallocKeepsTheClassAndTheBytes) {
   char* p = static_cast<char*>(rdmalloc_alloc(100, kRW));
   ASSERT_NE(p, nullptr);
