@@ -4,7 +4,8 @@
 // library's malloc it got and checks that rdmalloc_lookup tells the truth
 // about that memory: keys when rdmalloc's malloc won (the one embedded in
 // libminimpi.so or a preloaded librdmalloc.so), RDMALLOC_ENOTOURS when
-// another malloc did.
+// another malloc did; and that messages move zero-copy exactly when the
+// buffer's registration grants the peer's RDMA READ/WRITE.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
@@ -70,8 +71,8 @@ int main(void) {
   buffers[3] = aligned_alloc(4096, n);
   check(posix_memalign(&buffers[4], 64, n) == 0, "posix_memalign");
   int lookups_as_expected = 1;
+  struct rdmalloc_keys keys;
   for (int i = 0; i < 5; i++) {
-    struct rdmalloc_keys keys;
     int rc = rdmalloc_lookup(buffers[i], n, NULL, &keys);
     if (rc != expected) {
       printf("buffer %d: rdmalloc_lookup=%d, expected %d\n", i, rc, expected);
@@ -81,21 +82,24 @@ int main(void) {
   check(lookups_as_expected, "rdmalloc_lookup answers truthfully for the malloc family");
   printf("malloc_lookup=%s\n", expected == RDMALLOC_OK ? "keys" : "ENOTOURS");
 
-  // Messages from and into malloc'd memory: zero-copy exactly when rdmalloc won.
-  int heap_how = rdmalloc_won ? MINIMPI_ZERO_COPY : MINIMPI_BOUNCED;
+  // Messages from and into malloc'd memory: zero-copy exactly when rdmalloc
+  // won and its plain heap is registered for remote access (RDMALLOC_ACCESS).
+  const int remote = RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_WRITE;
+  int heap_remote = rdmalloc_won && (keys.access & remote) == remote;
+  int heap_how = heap_remote ? MINIMPI_ZERO_COPY : MINIMPI_BOUNCED;
   round_trip(buffers[0], buffers[1], n, 1, heap_how, heap_how, "malloc -> malloc");
-  printf("malloc_transfer=%s\n", rdmalloc_won ? "zero-copy" : "bounced");
+  printf("malloc_transfer=%s\n", heap_remote ? "zero-copy" : "bounced");
 
   // The stack is never rdmalloc's.
   char on_stack[512];
-  struct rdmalloc_keys keys;
   check(rdmalloc_lookup(on_stack, sizeof on_stack, NULL, &keys) == RDMALLOC_ENOTOURS, "stack is ENOTOURS");
   round_trip(on_stack, buffers[2], sizeof on_stack, 2, MINIMPI_BOUNCED, heap_how, "stack -> malloc");
 
-  // minimpi_alloc_mem is registered whichever malloc won.
+  // minimpi_alloc_mem is registered for remote access whichever malloc won.
   void *registered = minimpi_alloc_mem(n);
-  check(registered != NULL && rdmalloc_lookup(registered, n, NULL, &keys) == RDMALLOC_OK,
-        "minimpi_alloc_mem memory has keys");
+  check(registered != NULL && rdmalloc_lookup(registered, n, NULL, &keys) == RDMALLOC_OK &&
+            (keys.access & remote) == remote,
+        "minimpi_alloc_mem memory has keys with remote rights");
   round_trip(registered, buffers[3], n, 3, MINIMPI_ZERO_COPY, heap_how, "alloc_mem -> malloc");
   round_trip(buffers[4], registered, n, 4, heap_how, MINIMPI_ZERO_COPY, "malloc -> alloc_mem");
   minimpi_free_mem(registered);

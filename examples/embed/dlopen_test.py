@@ -6,19 +6,23 @@ start needs room in glibc's static TLS block. For each library given:
 without GLIBC_TUNABLES the load fails with glibc's "cannot allocate memory in
 static TLS block"; with glibc.rtld.optional_static_tls=4096 it loads, and its
 own malloc (CDLL(...).malloc resolves inside the library) hands out
-registered memory whose bytes move through rdmalloc_dma_write/read, while
-Python's own (glibc) memory is RDMALLOC_ENOTOURS. See docs/EMBEDDING.md.
+registered, local-only memory; its rdmalloc_alloc with the remote flags hands
+out memory whose bytes move through rdmalloc_dma_write/read; Python's own
+(glibc) memory is RDMALLOC_ENOTOURS. See docs/EMBEDDING.md.
 
 usage: dlopen_test.py LIBRARY...
 """
 import ctypes
+import errno
 import os
 import subprocess
 import sys
 
 TUNABLE = "glibc.rtld.optional_static_tls=4096"
 TLS_MESSAGE = "cannot allocate memory in static TLS block"
-RDMALLOC_OK, RDMALLOC_ENOTOURS = 0, -1
+RDMALLOC_OK, RDMALLOC_ENOTOURS, RDMALLOC_EDMA = 0, -1, -6
+RDMALLOC_REMOTE_READ, RDMALLOC_REMOTE_WRITE = 1, 2  # rdmalloc_alloc flags
+RDMALLOC_ACCESS_REMOTE_WRITE, RDMALLOC_ACCESS_REMOTE_READ = 2, 4  # keys.access bits
 MINIMPI_ZERO_COPY, MINIMPI_BOUNCED = 1, 2
 MAX_DOMAINS = 8
 
@@ -50,6 +54,7 @@ def declare(lib):
     vp, size = ctypes.c_void_p, ctypes.c_size_t
     for name, restype, argtypes in (
             ("malloc", vp, [size]), ("calloc", vp, [size, size]), ("realloc", vp, [vp, size]),
+            ("rdmalloc_alloc", vp, [size, ctypes.c_uint]),
             ("free", None, [vp]),
             ("rdmalloc_lookup", ctypes.c_int, [vp, size, vp, ctypes.POINTER(Keys)]),
             ("rdmalloc_dma_write", ctypes.c_int, [ctypes.POINTER(Keys), size, vp, size]),
@@ -72,7 +77,7 @@ def pattern(n, seed):
 def child(path):
     """Loads path and exercises it; exit 3 with the message if dlopen fails."""
     try:
-        lib = ctypes.CDLL(path)
+        lib = ctypes.CDLL(path, use_errno=True)
     except OSError as error:
         print(f"dlopen failed: {error}")
         return 3
@@ -85,21 +90,35 @@ def child(path):
     backend = lib.rdmalloc_backend().decode()
     check(backend in ("uring", "verbs"), f"backend {backend} registers memory")
 
-    # The library's malloc: registered, and bytes move through the keys.
+    # Memory a peer may read and write: registered with those rights, and
+    # bytes move through its keys.
     n = 1 << 20
-    buffer = lib.malloc(n)
+    remote = lib.rdmalloc_alloc(n, RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRITE)
     keys = Keys()
-    check(buffer and lib.rdmalloc_lookup(buffer, n, None, ctypes.byref(keys)) == RDMALLOC_OK,
-          "library malloc memory has keys")
-    check(keys.addr == buffer and keys.region_base <= buffer < keys.region_base + keys.region_len,
+    check(remote and lib.rdmalloc_lookup(remote, n, None, ctypes.byref(keys)) == RDMALLOC_OK,
+          "rdmalloc_alloc memory has keys")
+    check(keys.addr == remote and keys.region_base <= remote < keys.region_base + keys.region_len,
           "keys describe the buffer")
+    rights = RDMALLOC_ACCESS_REMOTE_READ | RDMALLOC_ACCESS_REMOTE_WRITE
+    check(keys.access & rights == rights, f"remote rights granted (access {keys.access:#x})")
     sent = pattern(4096, 1)
     check(lib.rdmalloc_dma_write(ctypes.byref(keys), 12345, sent, len(sent)) == RDMALLOC_OK, "dma_write")
-    check(ctypes.string_at(buffer + 12345, len(sent)) == sent, "dma_write landed in the buffer")
-    ctypes.memmove(buffer + 500000, pattern(4096, 2), 4096)
+    check(ctypes.string_at(remote + 12345, len(sent)) == sent, "dma_write landed in the buffer")
+    ctypes.memmove(remote + 500000, pattern(4096, 2), 4096)
     back = ctypes.create_string_buffer(4096)  # Python's memory, as a dma target
     check(lib.rdmalloc_dma_read(ctypes.byref(keys), 500000, back, 4096) == RDMALLOC_OK, "dma_read")
     check(back.raw == pattern(4096, 2), "dma_read brought the buffer's bytes")
+    lib.free(remote)
+
+    # The library's malloc: registered for local access only, so a peer's
+    # write is refused as the NIC would refuse it.
+    buffer = lib.malloc(n)
+    check(buffer and lib.rdmalloc_lookup(buffer, n, None, ctypes.byref(keys)) == RDMALLOC_OK,
+          "library malloc memory has keys")
+    check(keys.access & rights == 0, f"plain heap is local-only (access {keys.access:#x})")
+    ctypes.memmove(buffer + 12345, sent, len(sent))
+    check(lib.rdmalloc_dma_write(ctypes.byref(keys), 0, sent, len(sent)) == RDMALLOC_EDMA and
+          ctypes.get_errno() == errno.EACCES, "dma_write into the plain heap is refused (EACCES)")
 
     # calloc and realloc of the library stay registered; realloc keeps the bytes.
     zeroed = lib.calloc(1000, 100)
@@ -125,13 +144,15 @@ def child(path):
         lib.minimpi_recv.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                      ctypes.POINTER(ctypes.c_size_t)]
         message = ctypes.create_string_buffer(pattern(65536, 3), 65536)
-        inbox = lib.malloc(65536)
+        lib.minimpi_alloc_mem.restype, lib.minimpi_alloc_mem.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        lib.minimpi_free_mem.argtypes = [ctypes.c_void_p]
+        inbox = lib.minimpi_alloc_mem(65536)
         got = ctypes.c_size_t()
         check(lib.minimpi_send(message, 65536, 5) == MINIMPI_BOUNCED, "send from Python memory bounces")
         check(lib.minimpi_recv(inbox, 65536, 5, ctypes.byref(got)) == MINIMPI_ZERO_COPY,
-              "recv into library memory is zero-copy")
+              "recv into minimpi_alloc_mem memory is zero-copy")
         check(got.value == 65536 and ctypes.string_at(inbox, 65536) == message.raw, "message arrived")
-        lib.free(inbox)
+        lib.minimpi_free_mem(inbox)
 
     stats = Stats()
     check(lib.rdmalloc_stats(ctypes.byref(stats), ctypes.sizeof(stats)) == RDMALLOC_OK, "rdmalloc_stats")
@@ -146,9 +167,7 @@ def child(path):
 
 def run_child(path, tunables):
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-    # rdmalloc_dma_read/write act as a peer's RDMA READ/WRITE: the plain heap
-    # (the library's malloc) needs remote rights for them.
-    env["RDMALLOC_ACCESS"] = "local_write,remote_read,remote_write"
+    env.pop("RDMALLOC_ACCESS", None)  # the default: the plain heap is local-only
     if tunables:
         env["GLIBC_TUNABLES"] = tunables
     return subprocess.run([sys.executable, __file__, "--child", path], env=env, capture_output=True,

@@ -68,6 +68,9 @@ run_app() {  # name expected-malloc-provider expected-lookup expected-transfer c
   grep -qx "app: ok" <<<"$out" || fail "$name: the application's checks failed"
 }
 run_app "linked against libminimpi.so" libminimpi.so keys zero-copy "$app"
+# With the default access the plain heap is registered for local use only:
+# keys, but a peer's READ/WRITE is refused, so minimpi bounces.
+run_app "default RDMALLOC_ACCESS" libminimpi.so keys bounced env -u RDMALLOC_ACCESS "$app"
 
 # --- ... and with Debian's jemalloc in the same program --------------------
 build_app() {  # output libraries...

@@ -15,48 +15,48 @@ static size_t wire_len;
 static int wire_tag;
 static int wire_full;
 
-// Bounce buffers must be registered whichever malloc won the process, so
-// they come from the malloc and free of the rdmalloc that answers this
-// library's rdmalloc_lookup calls: normally the copy linked in from
-// librdmalloc.a; an LD_PRELOADed librdmalloc.so when there is one (it then
-// wins rdmalloc_* like malloc). A plain malloc() call here binds to the
-// process's winner instead, which may be glibc's or another jemalloc.
-// dlsym on that object's handle searches it first.
-static void *(*rdmalloc_malloc)(size_t);
+// minimpi_alloc_mem's memory comes from rdmalloc_alloc of the rdmalloc that
+// answers this library's rdmalloc_lookup calls (normally the copy linked in
+// from librdmalloc.a; an LD_PRELOADed librdmalloc.so wins rdmalloc_* like
+// malloc), so it must go back to that rdmalloc's free. A plain free() call
+// here binds to the process's winner instead, which may be glibc's or
+// another jemalloc; dlsym on the owner's handle searches it first.
 static void (*rdmalloc_free)(void *);
 static pthread_once_t rdmalloc_once = PTHREAD_ONCE_INIT;
 
-static void find_rdmalloc_allocator(void) {
+static void find_rdmalloc_free(void) {
   Dl_info info;
   if (!dladdr((void *)&rdmalloc_lookup, &info)) return;
   void *owner = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (owner == NULL) return;
-  rdmalloc_malloc = (void *(*)(size_t))dlsym(owner, "malloc");
   rdmalloc_free = (void (*)(void *))dlsym(owner, "free");
   dlclose(owner);  // drops only the reference RTLD_NOLOAD took
 }
 
+// Memory a peer may read and write: rdmalloc_alloc's remote classes.
 void *minimpi_alloc_mem(size_t len) {
-  pthread_once(&rdmalloc_once, find_rdmalloc_allocator);
-  return rdmalloc_malloc != NULL ? rdmalloc_malloc(len) : NULL;
+  return rdmalloc_alloc(len, RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRITE);
 }
 
 void minimpi_free_mem(void *p) {
-  pthread_once(&rdmalloc_once, find_rdmalloc_allocator);
+  pthread_once(&rdmalloc_once, find_rdmalloc_free);
   if (rdmalloc_free != NULL) rdmalloc_free(p);
 }
 
-// Copies n bytes between the wire and buf through buf's registration (or a
-// registered bounce buffer when buf is not rdmalloc heap).
+// Copies n bytes between the wire and buf as the peer's NIC would, with an
+// RDMA READ or WRITE through buf's registration; through a bounce buffer
+// when buf is not rdmalloc heap, or is heap registered for local access only
+// (the plain heap, unless RDMALLOC_ACCESS widens it).
 static int transfer(void *buf, size_t n, int to_buf) {
   if (n == 0) return MINIMPI_ZERO_COPY;
   struct rdmalloc_keys keys;
   int rc = rdmalloc_lookup(buf, n, NULL, &keys);
-  if (rc == RDMALLOC_OK) {
+  int needed = to_buf ? RDMALLOC_ACCESS_REMOTE_WRITE : RDMALLOC_ACCESS_REMOTE_READ;
+  if (rc == RDMALLOC_OK && (keys.access & needed) != 0) {
     rc = to_buf ? rdmalloc_dma_write(&keys, 0, wire, n) : rdmalloc_dma_read(&keys, 0, wire, n);
     return rc == RDMALLOC_OK ? MINIMPI_ZERO_COPY : rc;
   }
-  if (rc != RDMALLOC_ENOTOURS) return rc;
+  if (rc != RDMALLOC_OK && rc != RDMALLOC_ENOTOURS) return rc;
   void *bounce = minimpi_alloc_mem(n);
   if (bounce == NULL) return MINIMPI_ENOMEM;
   if (!to_buf) memcpy(bounce, buf, n);
