@@ -162,6 +162,21 @@ int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);
  * domain), for debugging. Returns the number of regions written. */
 int rdmalloc_dump_regions(FILE *out);
 
+/* Release notifications for UCX and libfabric, built on rdmalloc_on_release;
+ * each library is found at run time (dlopen), never linked. Call once, before
+ * the library makes its registration caches (ucp_init, fi_domain); again is a
+ * no-op. Returns 0; RDMALLOC_ENOTSUP with errno ENOENT (not installed), ENOSYS
+ * (too old) or, for libfabric, EBUSY (a monitor is already imported or in
+ * use); RDMALLOC_EINVAL if the observer table is full (UCX). See
+ * docs/NOTIFICATIONS.md.
+ * rdmalloc_notify_ucx: libucm.so.0 gets UCM_EVENT_VM_UNMAPPED as an external
+ * event, raised by rdmalloc through ucm_vm_munmap(); UCX may then run with its
+ * own hooks off (UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none).
+ * rdmalloc_notify_libfabric: libfabric.so.1 imports rdmalloc as the memory
+ * monitor of its MR caches (fi_import); they cache only rdmalloc heap. */
+int rdmalloc_notify_ucx(void);
+int rdmalloc_notify_libfabric(void);
+
 #ifdef __cplusplus
 }
 #endif

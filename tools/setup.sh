@@ -9,5 +9,5 @@ apt-get install -y -q --no-install-recommends \
   libjemalloc-dev libjemalloc2 liburing-dev libibverbs-dev ibverbs-providers \
   libgtest-dev libbenchmark-dev \
   python3 sqlite3 coreutils procps pkg-config \
-  libucx-dev gnuplot-nox \
+  libucx-dev libfabric-dev gnuplot-nox \
   openmpi-bin libopenmpi-dev
