@@ -4,6 +4,7 @@
 // entry points. Frees route class memory past jemalloc's thread caches: a
 // cached class block would otherwise be handed to a plain malloc, putting
 // unrelated data where a peer may read or write it.
+#include <dlfcn.h>
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -117,6 +119,45 @@ RDMALLOC_EXPORT void* malloc(size_t size) {
   EnsureInitialised();
   return rdmj_malloc(size);
 }
+// This copy's malloc: taking &malloc would give whichever malloc the
+// process bound, since malloc is exported and preemptible.
+extern "C" void* rdmalloc_own_malloc(size_t)
+    __attribute__((alias("malloc"), copy(malloc), visibility("hidden")));
+
+namespace rdmalloc {
+namespace {
+
+void IgnoreLine(const char*) {}
+
+// With RDMALLOC_VERBOSE, one line when another malloc already serves the
+// process (rdmalloc dlopen'ed late, or linked behind another malloc): only
+// memory asked of this copy by handle is then rdmalloc's. At load time,
+// because dlsym and dladdr take the loader lock: this thread holds it already
+// here, while at the first malloc another thread could hold it and wait for us.
+__attribute__((constructor)) void NoteAnotherMalloc() {
+  if (ParseConfig(GetEnv, IgnoreLine).verbose == 0) return;
+  void* process_malloc = dlsym(RTLD_DEFAULT, "malloc");
+  if (process_malloc == nullptr ||
+      process_malloc == reinterpret_cast<void*>(&rdmalloc_own_malloc))
+    return;
+  Dl_info winner, self;
+  const char* winner_name =
+      dladdr(process_malloc, &winner) && winner.dli_fname ? winner.dli_fname : "?";
+  const char* self_name = dladdr(reinterpret_cast<void*>(&rdmalloc_own_malloc), &self) &&
+                                  self.dli_fname
+                              ? self.dli_fname
+                              : "?";
+  char line[600];
+  snprintf(line, sizeof line,
+           "rdmalloc[%d]: %s: another malloc serves the process (%s); only what this copy "
+           "allocates when called by handle is registered (docs/EMBEDDING.md)",
+           static_cast<int>(getpid()), self_name, winner_name);
+  WarnLine(line);
+}
+
+}  // namespace
+}  // namespace rdmalloc
+
 RDMALLOC_EXPORT void* calloc(size_t n, size_t size) {
   EnsureInitialised();
   return rdmj_calloc(n, size);

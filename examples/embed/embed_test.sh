@@ -103,6 +103,14 @@ for mode in local global; do
   [ $rc -eq 0 ] && grep -qx "late_load: ok" <<<"$out" || fail "late load ($mode) with $tunable: exit $rc"
 done
 
+# --- RDMALLOC_VERBOSE says when rdmalloc is not the process's malloc --------
+note='another malloc serves the process'
+RDMALLOC_VERBOSE=1 "$app" 2>&1 | grep -q "$note" && fail "verbose note although rdmalloc won"
+RDMALLOC_VERBOSE=1 GLIBC_TUNABLES="$tunable" "$late_load" "$minimpi" local 2>&1 |
+  grep -q "libminimpi.so: $note (.*libc.so.6)" || fail "no verbose note after a late load"
+RDMALLOC_VERBOSE=1 LD_PRELOAD="$jemalloc_so" "$app" 2>&1 |
+  grep -q "libminimpi.so: $note (.*libjemalloc.so.2)" || fail "no verbose note under a preloaded jemalloc"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1
