@@ -10,7 +10,7 @@ namespace {
 constexpr const char* kKnownVariables[] = {
     "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",      "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
     "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",      "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
-    "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",
+    "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
 };
 
 struct AccessName {
@@ -182,6 +182,26 @@ Config ParseConfig(EnvFn env, WarnFn warn) {
                  "a path of 1 to 255 characters", "stderr");
   static constexpr Choice<int> kVerbose[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
   ParseChoice(env, warn, "RDMALLOC_VERBOSE", kVerbose, "0|1|2|3", &c.verbose);
+  if (const char* v = env("RDMALLOC_NOTIFY")) {
+    static constexpr Choice<int> kCaches[] = {{"ucx", kNotifyUcx}, {"libfabric", kNotifyLibfabric}};
+    int bits = 0;
+    bool ok = *v != '\0';
+    for (const char* s = v; ok;) {
+      const char* end = strchr(s, ',');
+      size_t len = end != nullptr ? static_cast<size_t>(end - s) : strlen(s);
+      int bit = 0;
+      for (const Choice<int>& k : kCaches)
+        if (strlen(k.text) == len && strncmp(k.text, s, len) == 0) bit = k.value;
+      ok = bit != 0;
+      bits |= bit;
+      if (end == nullptr) break;
+      s = end + 1;
+    }
+    if (ok)
+      c.notify = bits;
+    else
+      Warn(warn, "RDMALLOC_NOTIFY", v, "a comma list of ucx,libfabric", "none");
+  }
 
   // Contradictions: one line each, naming what is used instead.
   char line[640];

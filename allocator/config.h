@@ -23,6 +23,10 @@ constexpr int kAccessRelaxedOrdering = 1 << 20;
 constexpr int kDefaultAccess = kAccessLocalWrite;
 constexpr int kRemoteAccess = kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic;
 
+// RDMALLOC_NOTIFY: other registration caches told of released memory at start.
+constexpr int kNotifyUcx = 1;
+constexpr int kNotifyLibfabric = 2;
+
 constexpr size_t kNoPinLimit = ~size_t{0};
 constexpr long kDecayUnset = -2;  // keep jemalloc's own dirty_decay_ms
 constexpr long kMaxDecayMs = 86400000;
@@ -39,6 +43,7 @@ struct Config {
   StatsMode stats = StatsMode::kOff;
   char stats_file[256] = {};
   int verbose = 0;
+  int notify = 0;  // kNotify* bits
 };
 
 constexpr size_t kMinRegionSize = size_t{2} << 20;

@@ -40,6 +40,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_STREQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.verbose, b.verbose);
+  EXPECT_EQ(a.notify, b.notify);
 }
 
 class ConfigTest : public ::testing::Test {
@@ -69,7 +70,7 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
   Parse();
   std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
-                                "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS",
+                                "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS", "RDMALLOC_NOTIFY",
                                 "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS"};
   EXPECT_EQ(g_asked, want);
 }
@@ -140,6 +141,11 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
   add("RDMALLOC_VERBOSE", "3", [](Config* c, const std::string&) { c->verbose = 3; });
+  add("RDMALLOC_NOTIFY", "ucx", [](Config* c, const std::string&) { c->notify = kNotifyUcx; });
+  add("RDMALLOC_NOTIFY", "libfabric", [](Config* c, const std::string&) { c->notify = kNotifyLibfabric; });
+  add("RDMALLOC_NOTIFY", "libfabric,ucx", [](Config* c, const std::string&) {
+    c->notify = kNotifyUcx | kNotifyLibfabric;
+  });
   return v;
 }
 
@@ -210,6 +216,11 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_DECAY_MS", "10s", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "1e3", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "99999999999999999999999", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_NOTIFY", "", "none"},
+      {"RDMALLOC_NOTIFY", "UCX", "none"},
+      {"RDMALLOC_NOTIFY", "ucx,", "none"},
+      {"RDMALLOC_NOTIFY", "ucx,,libfabric", "none"},
+      {"RDMALLOC_NOTIFY", "mpi", "none"},
       {"RDMALLOC_VERBOSE", "", "0"},
       {"RDMALLOC_VERBOSE", "4", "0"},
       {"RDMALLOC_VERBOSE", "-1", "0"},

@@ -137,9 +137,16 @@ void IgnoreLine(const char*) {}
 __attribute__((constructor)) void NoteAnotherMalloc() {
   if (ParseConfig(GetEnv, IgnoreLine).verbose == 0) return;
   void* process_malloc = dlsym(RTLD_DEFAULT, "malloc");
-  if (process_malloc == nullptr ||
+  void* process_free = dlsym(RTLD_DEFAULT, "free");
+  if (process_malloc == nullptr || process_free == nullptr ||
       process_malloc == reinterpret_cast<void*>(&rdmalloc_own_malloc))
     return;
+  // A non-PIE program that takes malloc's address makes dlsym answer with the
+  // program's own PLT entry, whoever serves it: ask the function instead.
+  void* probe = reinterpret_cast<void* (*)(size_t)>(process_malloc)(1);
+  bool ours = probe != nullptr && TheHeap().RegionOf(probe, 1) != nullptr;
+  reinterpret_cast<void (*)(void*)>(process_free)(probe);
+  if (ours) return;
   Dl_info winner, self;
   const char* winner_name =
       dladdr(process_malloc, &winner) && winner.dli_fname ? winner.dli_fname : "?";

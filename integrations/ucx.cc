@@ -26,6 +26,12 @@ void TellUcx(void* addr, size_t len, void*) { g_vm_munmap(addr, len); }
 int Enable() {
   if (g_enabled) return RDMALLOC_OK;
   void* ucm = rdmalloc::OpenSharedLibrary("libucm.so.0");
+  // libucm uses libucs symbols without naming libucs as a dependency: alone
+  // it only loads into a process that has UCX already (not so when
+  // RDMALLOC_NOTIFY runs this before main). Loading libucs brings both; it
+  // stays loaded like libucm.
+  if (ucm == nullptr && rdmalloc::OpenSharedLibrary("libucs.so.0") != nullptr)
+    ucm = rdmalloc::OpenSharedLibrary("libucm.so.0");
   if (ucm == nullptr) {
     errno = ENOENT;
     return RDMALLOC_ENOTSUP;

@@ -60,6 +60,7 @@ check 1 RDMALLOC_STATS_FILE "$tmp/sf"
 check 0 RDMALLOC_VERBS_LIBRARY /nonexistent/libibverbs.so.1
 check 1 RDMALLOC_VERBS_LIBRARY ''
 check 0 RDMALLOC_VERBOSE 0;             check 1 RDMALLOC_VERBOSE loud
+check 0 RDMALLOC_NOTIFY libfabric;      check 1 RDMALLOC_NOTIFY mpi
 check 1 RDMALLOC_REGION_SIZ 64M  # a typo
 # RDMALLOC_STATS itself: a bad value warns, and --stats=0 must not hide that.
 out=$(RDMALLOC_STATS=often "$run" -- /bin/echo still-running 2>"$tmp/e")

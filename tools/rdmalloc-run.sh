@@ -11,7 +11,7 @@ usage: rdmalloc-run [options] [--] COMMAND [ARGS...]
   --backend=auto|verbs|uring|none   --device=NAME        --register=lazy|eager
   --region-size=SIZE                --access=LIST        --max-pinned=SIZE|unlimited
   --decay-ms=MS                     --stats=1|json|0     --stats-file=PATH
-  --verbose=0|1|2                   --help
+  --verbose=0|1|2|3                 --notify=ucx,libfabric   --help
 The report goes to stderr (or --stats-file) when COMMAND exits; --stats=1 is the default.
 USAGE
 }
@@ -39,6 +39,7 @@ while [ $# -gt 0 ]; do
     --stats=*) export RDMALLOC_STATS="${1#*=}" ;;
     --stats-file=*) export RDMALLOC_STATS_FILE="${1#*=}" ;;
     --verbose=*) export RDMALLOC_VERBOSE="${1#*=}" ;;
+    --notify=*) export RDMALLOC_NOTIFY="${1#*=}" ;;
     -*) echo "rdmalloc-run: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) break ;;
   esac
