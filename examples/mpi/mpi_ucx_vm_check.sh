@@ -47,6 +47,25 @@ for pid in $(sed -n 's/^rank [01]: pid \([0-9]*\) .*/\1/p' "$work/out"); do
 done
 python3 "$checker" "$work/out" "$work/report.json" 2 verbs || fail "rdmalloc was not active in every rank"
 
+# Again with UCX's own malloc and mmap hooks off: UCX's registration cache then
+# hears of released memory only from rdmalloc (RDMALLOC_NOTIFY=ucx, set up in
+# each rank before main; docs/NOTIFICATIONS.md).
+mpirun -np 2 --allow-run-as-root --oversubscribe --bind-to none \
+  --mca pml ucx --mca btl self \
+  -x UCX_NET_DEVICES=rxe0:1 -x UCX_TLS=rc,self \
+  -x UCX_MEM_MALLOC_HOOKS=no -x UCX_MEM_MMAP_HOOK_MODE=none -x RDMALLOC_NOTIFY=ucx \
+  -x LD_PRELOAD="$lib" -x RDMALLOC_STATS=json -x RDMALLOC_STATS_FILE="$work/report2.json" \
+  "$prog" --iters 4 >"$work/out2" 2>"$work/err2"
+rc=$?
+echo "--- mpirun (pml ucx, UCX's hooks off, RDMALLOC_NOTIFY=ucx): exit $rc"
+cat "$work/out2"
+sed 's/^/  stderr: /' "$work/err2" | head -n 40
+[ $rc -eq 0 ] || fail "mpirun with RDMALLOC_NOTIFY=ucx exited $rc"
+grep -q '^mpi_pingpong: PASS (0 wrong bytes over 2 ranks)$' "$work/out2" || fail "results wrong with UCX's hooks off"
+python3 "$checker" "$work/out2" "$work/report2.json" 2 verbs || fail "rdmalloc not active with RDMALLOC_NOTIFY=ucx"
+[ "$(grep -c '"observers":1,' "$work/report2.json")" -eq 2 ] ||
+  fail "not every rank had UCX as a release observer: $(cat "$work/report2.json")"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1
