@@ -197,7 +197,7 @@ Region* Heap::RegionOf(const void* addr, size_t size) const {
 }
 
 bool Heap::CarveLocked(Region* r, size_t first, size_t n) {
-  pages_in_use_.fetch_add(n, std::memory_order_relaxed);
+  pages_in_use_.fetch_add(n, std::memory_order_release);
   return r->pages.Take(first, n);
 }
 
@@ -322,11 +322,13 @@ Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
   r->next = *link;
   *link = r;
+  // Mapped before in use, so a concurrent stats reader never sees more bytes
+  // in use than mapped (Unmap subtracts after the last page came back).
+  bytes_mapped_.fetch_add(bytes, std::memory_order_release);
   CarveLocked(r, 0, size >> kPageShift);  // fresh pages: clean
   if (next_region_bytes_[access_class] < config_.region_size) next_region_bytes_[access_class] *= 2;
   heap_lock_.Unlock();
   regions_created_.fetch_add(1, std::memory_order_relaxed);
-  bytes_mapped_.fetch_add(bytes, std::memory_order_relaxed);
   Log(2, "new region %p+%zu%s, access class %u", mem, bytes, r->dedicated ? " (dedicated)" : "",
       access_class);
   return r;
@@ -696,6 +698,10 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   }
   RegSlot& s = r->reg[d];
   int err = s.state.load() == RegSlot::kRegistered ? 0 : RegisterLocked(r, d);
+  if (err == ENODEV && d != 0) {  // the pd is being removed right now: unknown pd
+    Unlock(r, false);
+    return Fail(RDMALLOC_EINVAL, MyStripe().einval);
+  }
   if (err != 0) {
     Unlock(r, false);
     memset(out, 0, sizeof *out);
@@ -822,8 +828,8 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.regions_created = get(regions_created_);
   s.regions_released = get(regions_released_);
   s.regions_live = s.regions_created - s.regions_released;
-  s.bytes_mapped = get(bytes_mapped_);
-  s.bytes_in_use = get(pages_in_use_) << kPageShift;
+  s.bytes_in_use = pages_in_use_.load(std::memory_order_acquire) << kPageShift;
+  s.bytes_mapped = bytes_mapped_.load(std::memory_order_acquire);
   s.bytes_registered = get(bytes_registered_);
   s.bytes_pinned = get(bytes_pinned_);
   for (const DomainSlot& d : domains_) s.domains += d.state.load() == DomainSlot::kOpen;

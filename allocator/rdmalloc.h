@@ -65,6 +65,8 @@ int rdmalloc_lookup(const void *addr, size_t len, struct ibv_pd *pd, struct rdma
  * On the uring backend a "pd" is an opaque non-NULL token that gets its own
  * pinning ring. Returns 0 or a negative RDMALLOC_E* code. */
 int rdmalloc_add_pd(struct ibv_pd *pd, int access);
+/* A lookup under pd racing with its removal returns RDMALLOC_EINVAL (unknown
+ * pd), as one after it does. */
 int rdmalloc_remove_pd(struct ibv_pd *pd);
 
 /* Access classes. The plain heap (malloc, new, ...) is registered for local
@@ -155,7 +157,10 @@ struct rdmalloc_stats {
   uint64_t observers;        /* rdmalloc_on_release observers registered */
 };
 /* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
- * many were filled, so old callers keep working when the struct grows. */
+ * many were filled, so old callers keep working when the struct grows.
+ * Releases queued before the call are complete when it returns. The counters
+ * are read one by one, not as one snapshot: while other threads allocate,
+ * related ones (bytes_in_use and bytes_mapped, say) may disagree briefly. */
 int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);
 
 /* One line per region (address, size, use, registrations and keys per

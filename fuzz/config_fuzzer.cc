@@ -25,7 +25,7 @@ namespace {
 const char* const kKnown[] = {
     "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
     "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",     "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
-    "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",
+    "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
 };
 constexpr size_t kKnownCount = sizeof kKnown / sizeof kKnown[0];
 
@@ -225,6 +225,17 @@ void CheckConfig() {
                      c.backend == d.backend);
   ok = value("RDMALLOC_VERBOSE") && v.size() == 1 && v[0] >= '0' && v[0] <= '3';
   ExpectUsedOrWarned("RDMALLOC_VERBOSE", ok, ok && c.verbose == v[0] - '0', c.verbose == 0);
+  int notify = 0;
+  ok = value("RDMALLOC_NOTIFY") && !v.empty();
+  for (size_t at = 0; ok;) {  // a comma list of ucx, libfabric; no empty items
+    size_t comma = v.find(',', at);
+    std::string item = v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    ok = item == "ucx" || item == "libfabric";
+    notify |= item == "ucx" ? kNotifyUcx : item == "libfabric" ? kNotifyLibfabric : 0;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  ExpectUsedOrWarned("RDMALLOC_NOTIFY", ok, c.notify == notify, c.notify == 0);
   ok = value("RDMALLOC_VERBS_LIBRARY") && !v.empty() && v.size() < sizeof c.verbs_library;
   ExpectUsedOrWarned("RDMALLOC_VERBS_LIBRARY", ok, v == c.verbs_library, c.verbs_library[0] == 0);
   // RDMALLOC_REGISTER and RDMALLOC_DEVICE can also meet a contradiction:
