@@ -6,8 +6,11 @@
 
 #include <cstdio>
 
+#include "allocator/arena_control.h"
+#include "allocator/fork.h"
 #include "allocator/heap.h"
 #include "allocator/jemalloc_api.h"
+#include "allocator/lock_order.h"
 #include "allocator/spin_lock.h"
 
 namespace rdmalloc {
@@ -20,7 +23,7 @@ namespace {
 constexpr unsigned kMaxArenas = 4096;
 std::atomic<uint8_t> g_arena_class[kMaxArenas];
 std::atomic<unsigned> g_class_arena[kAccessClasses];
-SpinLock g_class_lock;
+SpinLock g_class_lock{LockRank::kClassArenas};
 
 // jemalloc's base allocator maps each arena's metadata (the arena itself,
 // extent descriptors) through that arena's hooks, always as whole huge pages
@@ -43,6 +46,7 @@ extent_hooks_t* g_default = nullptr;
 
 void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool* zero,
             bool* commit, unsigned arena_ind) {
+  HookScope in_jemalloc;
   unsigned c = ClassForExtent(arena_ind, size, alignment);
   TheHeap().Log(3, "extent alloc %zu bytes, alignment %zu, arena %u: access class %u", size,
                 alignment, arena_ind, c);
@@ -63,6 +67,7 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
 // Accept: the pages go back to the heap, which keeps them registered (or
 // releases the whole region once it is empty).
 bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
+  HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
     TheHeap().FreeExtent(r, addr, size);
     return false;
@@ -71,6 +76,7 @@ bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned a
 }
 
 void Destroy(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
+  HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
     TheHeap().FreeExtent(r, addr, size);
     return;
@@ -125,8 +131,6 @@ extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
 
 }  // namespace
 
-void* RdmallocExtentHooks() { return &g_hooks; }
-
 unsigned ClassArena(unsigned access_class) {
   if (access_class == 0 || access_class >= kAccessClasses) return 0;
   unsigned a = g_class_arena[access_class].load(std::memory_order_acquire);
@@ -134,12 +138,8 @@ unsigned ClassArena(unsigned access_class) {
   SpinLockGuard g(g_class_lock);
   a = g_class_arena[access_class].load(std::memory_order_relaxed);
   if (a != 0) return a;
-  unsigned ind = 0;
-  size_t len = sizeof ind;
-  extent_hooks_t* ours = &g_hooks;
-  if (rdmj_mallctl("arenas.create", &ind, &len, &ours, sizeof ours) != 0 || ind == 0 ||
-      ind >= kMaxArenas)
-    return 0;
+  unsigned ind = CreateArena(&g_hooks, /*internal=*/true);
+  if (ind == 0 || ind >= kMaxArenas) return 0;
   g_arena_class[ind].store(static_cast<uint8_t>(access_class), std::memory_order_release);
   g_classes_in_use.store(true, std::memory_order_release);
   g_class_arena[access_class].store(ind, std::memory_order_release);
@@ -160,6 +160,13 @@ void InstallExtentHooks() {
     snprintf(name, sizeof name, "arena.%u.extent_hooks", i);
     rdmj_mallctl(name, nullptr, nullptr, &ours, sizeof ours);
   }
+  // From here on every control path goes through the guard.
+  InitArenaControl(&g_hooks, g_default);
+  ForkHandlers fork;
+  fork.prepare = [] { g_class_lock.Lock(); };
+  fork.parent = [] { g_class_lock.Unlock(); };
+  fork.child = [] { g_class_lock.ResetAfterFork(); };
+  SetForkHandlers(LockRank::kClassArenas, fork);
 }
 
 void SetDirtyDecay(long ms) {

@@ -16,9 +16,6 @@ void InstallExtentHooks();
 // them back through the hooks, for every arena now and to come.
 void SetDirtyDecay(long ms);
 
-// For mallctl("arenas.create") without hooks of the caller's own.
-void* RdmallocExtentHooks();
-
 // The arena that serves access class c (1..7: RDMALLOC_REMOTE_* bits), made on
 // first use; 0 if it cannot be made. Never called from hook context.
 unsigned ClassArena(unsigned access_class);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 
+#include "allocator/fork.h"
 #include "allocator/testing.h"
 #include "verbs/uring_registrar.h"
 #include "verbs/verbs_registrar.h"
@@ -101,6 +102,7 @@ void Heap::Log(int level, const char* format, ...) const {
 void Heap::Configure(const Config& config) { config_ = config; }
 
 void Heap::Start() {
+  InstallForkHandlers();
   switch (config_.backend) {
     case BackendChoice::kVerbs: g_kind = BackendKind::kVerbs; break;
     case BackendChoice::kUring: g_kind = BackendKind::kUring; break;
@@ -298,22 +300,11 @@ Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   r->access_class = static_cast<uint8_t>(access_class);
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
-  if (config_.register_mode == RegisterMode::kEager && access_class != kMetadataRegions &&
-      backend_ready_.load(std::memory_order_acquire)) {
-    r->reg_lock.Lock();
-    for (int d = 0; d < kMaxDomains; d++) {
-      if (domains_[d].state.load() == DomainSlot::kOpen) RegisterLocked(r, d);
-    }
-    Unlock(r, /*in_hook=*/true);
-  }
   heap_lock_.Lock();
   if (!map_.Set(r->begin(), bytes, r)) {
     // No memory for a map leaf: memory nobody can find must not be handed out.
     heap_lock_.Unlock();
     r->seq.fetch_add(1);
-    r->reg_lock.Lock();
-    for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
-    r->reg_lock.Unlock();
     munmap(mem, bytes);
     Recycle(r);
     return nullptr;
@@ -328,6 +319,18 @@ Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   CarveLocked(r, 0, size >> kPageShift);  // fresh pages: clean
   if (next_region_bytes_[access_class] < config_.region_size) next_region_bytes_[access_class] *= 2;
   heap_lock_.Unlock();
+  // Eager registration, in hook context: TryLock only (hook context never
+  // waits on reg_lock). It fails only while a scan of every region (a pd
+  // added or removed, a dump) holds it; the first lookup registers then.
+  if (config_.register_mode == RegisterMode::kEager && access_class != kMetadataRegions &&
+      backend_ready_.load(std::memory_order_acquire) && r->reg_lock.TryLock()) {
+    for (int d = 0; d < kMaxDomains; d++) {
+      if (domains_[d].state.load() == DomainSlot::kOpen &&
+          r->reg[d].state.load() != RegSlot::kRegistered)
+        RegisterLocked(r, d);
+    }
+    Unlock(r);
+  }
   regions_created_.fetch_add(1, std::memory_order_relaxed);
   Log(2, "new region %p+%zu%s, access class %u", mem, bytes, r->dedicated ? " (dedicated)" : "",
       access_class);
@@ -346,7 +349,7 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   bool purged = false;
   if (observer_count_.load() == 0 && r->registrations.load() == 0 && r->reg_lock.TryLock()) {
     if (r->registrations.load() == 0) purged = madvise(addr, size, MADV_DONTNEED) == 0;
-    Unlock(r, /*in_hook=*/true);
+    Unlock(r);
   }
   bool empty;
   {
@@ -364,7 +367,7 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   }
   if (empty) {
     r->release_wanted.store(true);
-    RunRelease(r, /*in_hook=*/true);
+    RunRelease(r);
   }
   hook_busy_.fetch_sub(1);
 }
@@ -461,12 +464,14 @@ int Heap::RegionAccess(const Region* r, int d) const {
   return ClassRights(r->access_class) | (domain_access & kAccessRelaxedOrdering);
 }
 
-// Deregisters every domain; the caller then drops reg_lock and calls Unmap.
-// Returns false if the work was queued instead, because it would call a
-// malloc-ing backend or an observer from hook context.
-bool Heap::ReleaseLocked(Region* r, bool in_hook) {
-  if (in_hook && (observer_count_.load() > 0 ||
-                  (r->registrations.load() > 0 && !registrar_->hook_safe()))) {
+// Deregisters every domain and returns true: the caller then drops reg_lock
+// and calls Unmap. Returns false if the release is queued for the release
+// thread instead: observers must hear of it (callbacks run there only), or a
+// backend that mallocs must deregister (never in hook context; and a lookup
+// that happened to hold the lock does no release work either).
+bool Heap::ReleaseLocked(Region* r) {
+  if (observer_count_.load() > 0 ||
+      (r->registrations.load() > 0 && !registrar_->hook_safe())) {
     {
       SpinLockGuard g(pending_lock_);
       r->next = pending_;
@@ -474,7 +479,7 @@ bool Heap::ReleaseLocked(Region* r, bool in_hook) {
       pending_count_.fetch_add(1, std::memory_order_release);
     }
     releases_deferred_.fetch_add(1, std::memory_order_relaxed);
-    WakeReleaseThread();
+    AddReleaseWork();
     return false;
   }
   for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
@@ -482,10 +487,7 @@ bool Heap::ReleaseLocked(Region* r, bool in_hook) {
 }
 
 // The region is out of the map and unregistered; nobody else can reach it.
-// Observers hear of it while the addresses are still ours, so that no new
-// mapping can appear there before they dropped their entries.
 void Heap::Unmap(Region* r) {
-  Notify(r->begin(), r->length());
   munmap(reinterpret_cast<void*>(r->begin()), r->length());
   bytes_mapped_.fetch_sub(r->length(), std::memory_order_relaxed);
   regions_released_.fetch_add(1, std::memory_order_relaxed);
@@ -495,73 +497,77 @@ void Heap::Unmap(Region* r) {
 
 // Whoever holds reg_lock when a release is wanted performs it: hook context
 // never waits for a registration that may itself be inside malloc.
-void Heap::RunRelease(Region* r, bool in_hook) {
+void Heap::RunRelease(Region* r) {
   while (r->release_wanted.load() && r->reg_lock.TryLock()) {
     if (!r->release_wanted.exchange(false)) {
       r->reg_lock.Unlock();
       continue;
     }
-    bool done = ReleaseLocked(r, in_hook);
+    bool done = ReleaseLocked(r);
     r->reg_lock.Unlock();
     if (done) Unmap(r);
     return;
   }
 }
 
-void Heap::Unlock(Region* r, bool in_hook) {
+void Heap::Unlock(Region* r) {
   r->reg_lock.Unlock();
-  RunRelease(r, in_hook);
+  RunRelease(r);
 }
 
-namespace {
-__thread bool t_notifying = false;  // inside an observer: do not wait for releases
-}  // namespace
-
-// When this returns, every release queued before the call is complete, also
-// those the release thread took: API callers (stats, tests) see a settled heap.
-void Heap::DrainPending() {
-  EnsureReleaseThread();
-  if (pending_count_.load(std::memory_order_acquire) == 0 && draining_.load() == 0) return;
+// The release thread only. Deregister first, then notify, then unmap: the
+// observers drop their entries while the addresses are still ours, so no new
+// mapping can appear there before they did.
+void Heap::ReleaseQueued() {
   Region* list;
   {
     SpinLockGuard g(pending_lock_);
     list = pending_;
     pending_ = nullptr;
-    pending_count_.store(0, std::memory_order_relaxed);
-    if (list != nullptr) draining_.fetch_add(1);
+    int n = pending_count_.exchange(0, std::memory_order_relaxed);
+    releasing_.fetch_add(n);
   }
-  if (list != nullptr) {
-    while (list != nullptr) {
-      Region* r = list;
-      list = r->next;
-      r->reg_lock.Lock();
-      ReleaseLocked(r, /*in_hook=*/false);
-      r->reg_lock.Unlock();
-      Unmap(r);
-    }
-    draining_.fetch_sub(1);
-  }
-  // An observer calling rdmalloc_* must not wait for the release it is part of.
-  if (!t_notifying) {
-    while (draining_.load() != 0) sched_yield();
+  while (list != nullptr) {
+    Region* r = list;
+    list = r->next;
+    r->reg_lock.Lock();
+    for (int d = 0; d < kMaxDomains; d++) DeregisterLocked(r, d);
+    r->reg_lock.Unlock();
+    Notify(r->begin(), r->length());
+    Unmap(r);
+    releasing_.fetch_sub(1);
   }
 }
 
-// ---------------------------------------------------------------- observers
-
+// Outside every lock, on the release thread: a callback may call any
+// rdmalloc_* function, malloc and free, or remove itself.
 void Heap::Notify(uintptr_t base, size_t len) {
-  if (observer_count_.load() == 0) return;
-  notifying_.fetch_add(1);  // before reading the table: RemoveObserver waits for us
-  bool outer = !t_notifying;
-  t_notifying = true;
   for (Observer& o : observers_) {
-    rdmalloc_release_fn fn = o.fn.load(std::memory_order_acquire);
-    if (fn == nullptr) continue;
+    if (o.state.load(std::memory_order_acquire) != Observer::kActive) continue;
+    rdmalloc_release_fn fn = o.fn.load(std::memory_order_relaxed);
     fn(reinterpret_cast<void*>(base), len, o.arg.load(std::memory_order_relaxed));
     releases_notified_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (outer) t_notifying = false;
-  notifying_.fetch_sub(1);
+}
+
+// A removed observer's last call, fn(NULL, 0, arg): the release thread makes
+// every delivery, so this one comes after any delivery that was under way
+// when it was removed. Then the slot is free for reuse.
+void Heap::SayGoodbyes() {
+  if (goodbyes_owed_.load() == 0) return;
+  for (Observer& o : observers_) {
+    if (o.state.load(std::memory_order_acquire) != Observer::kRemoved) continue;
+    rdmalloc_release_fn fn = o.fn.load(std::memory_order_relaxed);
+    void* arg = o.arg.load(std::memory_order_relaxed);
+    fn(nullptr, 0, arg);
+    {
+      SpinLockGuard g(api_lock_);
+      o.fn.store(nullptr, std::memory_order_relaxed);
+      o.arg.store(nullptr, std::memory_order_relaxed);
+      o.state.store(Observer::kFree, std::memory_order_release);
+    }
+    goodbyes_owed_.fetch_sub(1);
+  }
 }
 
 int Heap::AddObserver(rdmalloc_release_fn fn, void* arg) {
@@ -570,21 +576,23 @@ int Heap::AddObserver(rdmalloc_release_fn fn, void* arg) {
     SpinLockGuard g(api_lock_);
     Observer* slot = nullptr;
     for (Observer& o : observers_) {
-      rdmalloc_release_fn f = o.fn.load();
-      if (f == fn && o.arg.load() == arg) return RDMALLOC_EINVAL;  // already there
-      if (f == nullptr && slot == nullptr) slot = &o;
+      int state = o.state.load();
+      if (state == Observer::kActive && o.fn.load() == fn && o.arg.load() == arg)
+        return RDMALLOC_EINVAL;  // already there
+      if (state == Observer::kFree && slot == nullptr) slot = &o;
     }
     if (slot == nullptr) {
       errno = ENOSPC;
       return RDMALLOC_EINVAL;
     }
+    slot->fn.store(fn, std::memory_order_relaxed);
     slot->arg.store(arg, std::memory_order_relaxed);
-    slot->fn.store(fn, std::memory_order_release);
+    slot->state.store(Observer::kActive, std::memory_order_release);
     observer_count_.fetch_add(1);
   }
   // A FreeExtent that read "no observers" may still purge or release without
-  // telling; wait for those, so every release that ends after we return is
-  // notified (and nothing is purged any more).
+  // telling; wait for those (hooks never wait for callbacks), so every
+  // release that ends after we return is notified and nothing is purged.
   while (hook_busy_.load() != 0) sched_yield();
   EnsureReleaseThread();
   return RDMALLOC_OK;
@@ -596,27 +604,25 @@ int Heap::RemoveObserver(rdmalloc_release_fn fn, void* arg) {
     SpinLockGuard g(api_lock_);
     Observer* found = nullptr;
     for (Observer& o : observers_) {
-      if (o.fn.load() == fn && o.arg.load() == arg) found = &o;
+      if (o.state.load() == Observer::kActive && o.fn.load() == fn && o.arg.load() == arg)
+        found = &o;
     }
     if (found == nullptr) return RDMALLOC_EINVAL;
-    found->fn.store(nullptr);
-    found->arg.store(nullptr);
+    found->state.store(Observer::kRemoved, std::memory_order_release);
     observer_count_.fetch_sub(1);
+    goodbyes_owed_.fetch_add(1);
   }
-  // Deliveries that read the table before we cleared it finish first (but a
-  // callback removing itself cannot wait for itself).
-  if (!t_notifying) {
-    while (notifying_.load() != 0) sched_yield();
-  }
+  AddReleaseWork();
+  EnsureReleaseThread();
   return RDMALLOC_OK;
 }
 
 // Releases queued in hook context (verbs deregistrations, observers) are done
-// by a thread of ours, so they do not wait for the next rdmalloc_* call.
-// Started from API context only: pthread_create allocates.
+// by a thread of ours. Started from API context only: pthread_create allocates.
 void Heap::EnsureReleaseThread() {
   if (release_thread_.load(std::memory_order_acquire)) return;
-  bool needed = observer_count_.load() > 0 ||
+  bool needed = observer_count_.load() > 0 || goodbyes_owed_.load() > 0 ||
+                pending_count_.load() > 0 ||
                 (backend_ready_.load(std::memory_order_acquire) && registrar_ != nullptr &&
                  !registrar_->hook_safe());
   if (!needed || release_thread_.exchange(true)) return;
@@ -633,25 +639,28 @@ void Heap::EnsureReleaseThread() {
   pthread_attr_destroy(&attr);
   if (err != 0) {
     release_thread_.store(false);
-    Log(1, "cannot start the release thread (errno %d): queued releases wait for rdmalloc_* calls",
+    Log(0, "cannot start the release thread (errno %d): released regions stay mapped and "
+           "registered until it can be started",
         err);
     return;
   }
   pthread_setname_np(thread, "rdmalloc-rel");
 }
 
-void Heap::WakeReleaseThread() {
+void Heap::AddReleaseWork() {
+  release_work_.fetch_add(1, std::memory_order_release);
   if (release_thread_.load(std::memory_order_relaxed))
-    syscall(SYS_futex, &pending_count_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    syscall(SYS_futex, &release_work_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
 
 void* Heap::ReleaseThreadMain(void* arg) {
   Heap* heap = static_cast<Heap*>(arg);
   static_assert(sizeof(std::atomic<int>) == sizeof(int), "futex word");
   for (;;) {
-    if (heap->pending_count_.load(std::memory_order_acquire) == 0)
-      syscall(SYS_futex, &heap->pending_count_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
-    heap->DrainPending();
+    if (heap->release_work_.exchange(0, std::memory_order_acquire) == 0)
+      syscall(SYS_futex, &heap->release_work_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+    heap->ReleaseQueued();
+    heap->SayGoodbyes();
   }
   return nullptr;
 }
@@ -667,7 +676,7 @@ void Heap::RegisterAllLive(int d) {
     if (!(r->seq.load() & 1) || r->access_class == kMetadataRegions) continue;
     r->reg_lock.Lock();
     if ((r->seq.load() & 1) && r->reg[d].state.load() != RegSlot::kRegistered) RegisterLocked(r, d);
-    Unlock(r, /*in_hook=*/false);
+    Unlock(r);
   }
 }
 
@@ -675,35 +684,35 @@ void Heap::RegisterAllLive(int d) {
 
 int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   lookup_slow_.fetch_add(1, std::memory_order_relaxed);
-  DrainPending();
   EnsureBackend();
+  EnsureReleaseThread();  // a registration on verbs will need it for its release
   Region* r = map_.Find(a);
   if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   r->reg_lock.Lock();
   if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
-    Unlock(r, false);
+    Unlock(r);
     return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
   if (r->access_class == kMetadataRegions) {  // no allocation lives there
-    Unlock(r, false);
+    Unlock(r);
     return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
   if (!r->Contains(a, len)) {
-    Unlock(r, false);
+    Unlock(r);
     return Fail(RDMALLOC_ECROSS, MyStripe().cross);
   }
   if (d != 0 && domains_[d].state.load() != DomainSlot::kOpen) {
-    Unlock(r, false);
+    Unlock(r);
     return Fail(RDMALLOC_EINVAL, MyStripe().einval);
   }
   RegSlot& s = r->reg[d];
   int err = s.state.load() == RegSlot::kRegistered ? 0 : RegisterLocked(r, d);
   if (err == ENODEV && d != 0) {  // the pd is being removed right now: unknown pd
-    Unlock(r, false);
+    Unlock(r);
     return Fail(RDMALLOC_EINVAL, MyStripe().einval);
   }
   if (err != 0) {
-    Unlock(r, false);
+    Unlock(r);
     memset(out, 0, sizeof *out);
     out->reg_errno = err;
     out->domain = d;
@@ -712,7 +721,7 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   }
   FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(),
            s.access.load(), out);
-  Unlock(r, false);
+  Unlock(r);
   return RDMALLOC_OK;
 }
 
@@ -721,7 +730,7 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
 int Heap::AddDomain(ibv_pd* pd, int access) {
   if (pd == nullptr || (access & ~kKnownAccess) != 0) return RDMALLOC_EINVAL;
   EnsureBackend();
-  DrainPending();
+  EnsureReleaseThread();
   if (registrar_ == nullptr) {
     errno = ENODEV;
     return RDMALLOC_ENOTSUP;
@@ -759,7 +768,6 @@ int Heap::RemoveDomain(ibv_pd* pd) {
   // Closing first: registrations that start after this see it (seq_cst) and
   // give up; those before it are found by the scan below.
   domains_[d].state.store(DomainSlot::kClosing);
-  DrainPending();
   size_t used;
   {
     SpinLockGuard hg(heap_lock_);
@@ -769,7 +777,7 @@ int Heap::RemoveDomain(ibv_pd* pd) {
     Region* r = &pool_[i];
     r->reg_lock.Lock();
     DeregisterLocked(r, d);
-    Unlock(r, false);
+    Unlock(r);
   }
   Domain* dom = domains_[d].domain.exchange(nullptr);
   domains_[d].pd.store(nullptr);
@@ -796,7 +804,7 @@ int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_m
   if (!(r->seq.load() & 1) || !r->Contains(a, n) ||
       r->begin() != reinterpret_cast<uintptr_t>(k->region_base) ||
       s.state.load() != RegSlot::kRegistered || dom == nullptr) {
-    Unlock(r, false);
+    Unlock(r);
     return RDMALLOC_ENOTOURS;
   }
   Registration reg;
@@ -809,7 +817,7 @@ int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_m
   void* region_base = reinterpret_cast<void*>(r->begin());
   int err = to_memory ? dom->DmaWrite(reg, region_base, reinterpret_cast<void*>(a), buf, n)
                       : dom->DmaRead(reg, region_base, reinterpret_cast<void*>(a), buf, n);
-  Unlock(r, false);
+  Unlock(r);
   if (err == 0) return RDMALLOC_OK;
   errno = err;
   return err == ENOTSUP || err == EOPNOTSUPP ? RDMALLOC_ENOTSUP : RDMALLOC_EDMA;
@@ -819,7 +827,7 @@ int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_m
 
 int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   if (out == nullptr || size < 2 * sizeof(uint32_t)) return RDMALLOC_EINVAL;
-  DrainPending();
+  EnsureReleaseThread();
   struct rdmalloc_stats s;
   memset(&s, 0, sizeof s);
   s.version = RDMALLOC_STATS_VERSION;
@@ -852,6 +860,7 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.max_pinned = config_.max_pinned;
   s.releases_notified = get(releases_notified_);
   s.observers = static_cast<uint64_t>(observer_count_.load());
+  s.releases_pending = static_cast<uint64_t>(pending_count_.load() + releasing_.load());
   for (int d = 0; d < kMaxDomains; d++) {
     rdmalloc_domain_stats& o = s.domain[d];
     const DomainCounters& dc = domain_counters_[d];
@@ -868,7 +877,6 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
 
 int Heap::DumpRegions(FILE* out) {
   if (out == nullptr) return RDMALLOC_EINVAL;
-  DrainPending();
   size_t used;
   {
     SpinLockGuard g(heap_lock_);
@@ -901,7 +909,7 @@ int Heap::DumpRegions(FILE* out) {
     for (int d = 0; d < kMaxDomains; d++) {
       regs[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
     }
-    Unlock(r, false);
+    Unlock(r);
     if (!live) continue;
     fprintf(out, "region %p-%p %8zu KiB  used %5.1f%%%s", reinterpret_cast<void*>(base),
             reinterpret_cast<void*>(base + size), size >> 10,
@@ -926,23 +934,45 @@ int Heap::DumpRegions(FILE* out) {
 
 // --------------------------------------------------------------------- fork
 
-void Heap::PrepareFork() {
-  api_lock_.Lock();
-  heap_lock_.Lock();
-  pending_lock_.Lock();
+// The heap's three stages of the fork protocol. reg_lock is not taken: it
+// guards registrations, which the child forgets, and hook context never waits
+// for it; the child resets every one.
+void Heap::InstallForkHandlers() {
+  ForkHandlers api;
+  api.prepare = [] { g_heap.api_lock_.Lock(); };
+  api.parent = [] { g_heap.api_lock_.Unlock(); };
+  api.child = [] { g_heap.ForkChildApi(); };
+  SetForkHandlers(LockRank::kApi, api);
+  ForkHandlers heap;
+  heap.prepare = [] { g_heap.heap_lock_.Lock(); };
+  heap.parent = [] { g_heap.heap_lock_.Unlock(); };
+  heap.child = [] { g_heap.ForkChildHeap(); };
+  SetForkHandlers(LockRank::kHeap, heap);
+  ForkHandlers queue;
+  queue.prepare = [] { g_heap.pending_lock_.Lock(); };
+  queue.parent = [] { g_heap.pending_lock_.Unlock(); };
+  queue.child = [] { g_heap.ForkChildReleaseQueue(); };
+  SetForkHandlers(LockRank::kReleaseQueue, queue);
 }
 
-void Heap::ParentAfterFork() {
-  pending_lock_.Unlock();
-  heap_lock_.Unlock();
-  api_lock_.Unlock();
-}
-
-void Heap::ChildAfterFork() {
+// Threads do not survive fork: the release thread starts again when the child
+// next calls malloc or rdmalloc_* (EnsureReleaseThread), and takes over what
+// was queued. A release another thread had under way is not finished here
+// (that region stays mapped in the child), and nobody may wait for work of
+// threads that are gone.
+void Heap::ForkChildReleaseQueue() {
   pending_lock_.ResetAfterFork();
-  heap_lock_.ResetAfterFork();
+  release_thread_.store(false, std::memory_order_relaxed);
+  releasing_.store(0, std::memory_order_relaxed);
+  release_work_.store(pending_count_.load() + goodbyes_owed_.load(), std::memory_order_relaxed);
+  hook_busy_.store(0, std::memory_order_relaxed);
+}
+
+void Heap::ForkChildHeap() { heap_lock_.ResetAfterFork(); }
+
+// Registrations are the parent's kernel objects: forget them, do not undo them.
+void Heap::ForkChildApi() {
   api_lock_.ResetAfterFork();
-  // Registrations are the parent's kernel objects: forget them, do not undo them.
   for (size_t i = 0; i < descriptors_used_; i++) {
     Region* r = &pool_[i];
     r->reg_lock.ResetAfterFork();
@@ -958,13 +988,6 @@ void Heap::ChildAfterFork() {
   for (DomainSlot& d : domains_) {
     if (Domain* dom = d.domain.load(std::memory_order_relaxed)) dom->ForgetAfterFork();
   }
-  // Threads do not survive fork; the next rdmalloc_* call starts ours again.
-  // Work other threads had under way (a drain, a callback, a hook) will not
-  // finish here: nobody may wait for it.
-  release_thread_.store(false, std::memory_order_relaxed);
-  draining_.store(0, std::memory_order_relaxed);
-  notifying_.store(0, std::memory_order_relaxed);
-  hook_busy_.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace rdmalloc

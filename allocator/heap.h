@@ -82,19 +82,22 @@ class Heap {
   const char* DeviceDescription();
   int Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_memory);
   int Stats(struct rdmalloc_stats* out, size_t size);
-  // Release notifications (rdmalloc_on_release).
+  // Release notifications (rdmalloc_on_release). Callbacks run on the release
+  // thread only, outside every lock; nothing here waits for one.
   int AddObserver(rdmalloc_release_fn fn, void* arg);
   int RemoveObserver(rdmalloc_release_fn fn, void* arg);
+  // Starts the release thread if queued work or observers need it (a fork
+  // child has none). API context only: pthread_create allocates.
+  void EnsureReleaseThread();
   int DumpRegions(FILE* out);
   // RDMALLOC_VERBOSE logging: one line on stderr, built on the stack and
   // written with write(2), so it is safe in hook context.
   void Log(int level, const char* format, ...) const __attribute__((format(printf, 3, 4)));
 
-  // fork: keep our locks consistent in both processes; the child forgets
-  // every registration (they belong to the parent's kernel objects).
-  void PrepareFork();
-  void ParentAfterFork();
-  void ChildAfterFork();
+  // The heap's stages of the fork protocol (allocator/fork.h): api_lock_ at
+  // kApi, heap_lock_ at kHeap, pending_lock_ at kReleaseQueue. The child
+  // forgets every registration (they are the parent's kernel objects).
+  void InstallForkHandlers();
 
  private:
   struct DomainSlot {
@@ -104,7 +107,11 @@ class Heap {
     std::atomic<int> state{kFree};
     std::atomic<int> access{0};  // rights of the plain heap under this domain
   };
+  // kActive: notified. kRemoved: removed, owed its last call fn(NULL, 0, arg)
+  // from the release thread, after any delivery under way; then kFree.
   struct Observer {
+    enum : int { kFree = 0, kActive = 1, kRemoved = 2 };
+    std::atomic<int> state{kFree};
     std::atomic<rdmalloc_release_fn> fn{nullptr};
     std::atomic<void*> arg{nullptr};
   };
@@ -153,28 +160,32 @@ class Heap {
   int RegisterLocked(Region* r, int d);
   void DeregisterLocked(Region* r, int d);
   int RegionAccess(const Region* r, int d) const;
-  bool ReleaseLocked(Region* r, bool in_hook);
+  bool ReleaseLocked(Region* r);
   void Unmap(Region* r);
-  void Unlock(Region* r, bool in_hook);
-  void RunRelease(Region* r, bool in_hook);
-  void DrainPending();
-  // Observers and the release thread.
+  void Unlock(Region* r);
+  void RunRelease(Region* r);
+  // The release thread's work: queued regions, then observers' last calls.
+  void ReleaseQueued();
+  void SayGoodbyes();
   void Notify(uintptr_t base, size_t len);
-  void EnsureReleaseThread();
-  void WakeReleaseThread();
+  void AddReleaseWork();
   static void* ReleaseThreadMain(void* heap);
   void RegisterAllLive(int d);
+  // Fork stages.
+  void ForkChildApi();
+  void ForkChildHeap();
+  void ForkChildReleaseQueue();
 
   Config config_;
   Registrar* registrar_ = nullptr;
   std::atomic<int> backend_ready_{0};
   int backend_err_ = 0;
-  SpinLock api_lock_;  // backend start, domain table changes
+  SpinLock api_lock_{LockRank::kApi};  // backend start, domain table, observer table
 
   DomainSlot domains_[kMaxDomains];
   DomainCounters domain_counters_[kMaxDomains];
 
-  SpinLock heap_lock_;  // region list, page maps, descriptor pool
+  SpinLock heap_lock_{LockRank::kHeap};  // region list, page maps, descriptor pool
   RegionMap map_;
   Region* regions_ = nullptr;  // live regions by address
   Region* free_descriptors_ = nullptr;
@@ -186,14 +197,15 @@ class Heap {
                                              kChunkSize, kChunkSize, kChunkSize};
   Region pool_[kMaxRegions];
 
-  SpinLock pending_lock_;
-  Region* pending_ = nullptr;  // empty regions whose release must leave hook context
-  std::atomic<int> pending_count_{0};  // also the release thread's futex word
-  std::atomic<int> draining_{0};       // lists taken off pending_, not yet released
+  SpinLock pending_lock_{LockRank::kReleaseQueue};
+  Region* pending_ = nullptr;  // empty regions whose release is the release thread's
+  std::atomic<int> pending_count_{0};
+  std::atomic<int> releasing_{0};     // taken off pending_, not yet unmapped
+  std::atomic<int> release_work_{0};  // the release thread's futex word: work was added
+  std::atomic<int> goodbyes_owed_{0};
 
   Observer observers_[kMaxObservers];
-  std::atomic<int> observer_count_{0};
-  std::atomic<int> notifying_{0};  // deliveries under way
+  std::atomic<int> observer_count_{0};  // kActive slots
   std::atomic<int> hook_busy_{0};  // FreeExtent calls under way (purge or release decided)
   std::atomic<bool> release_thread_{false};
 

@@ -4,15 +4,21 @@
 
 #include <atomic>
 
+#include "allocator/lock_order.h"
+
 namespace rdmalloc {
 
-enum : int { kUninitialised = 0, kInitialising = 1, kReady = 2 };
+// kForked: a fork child's first malloc or rdmalloc_* call restarts what did
+// not survive fork (the release thread), outside jemalloc and our locks.
+enum : int { kUninitialised = 0, kInitialising = 1, kReady = 2, kForked = 3 };
 extern std::atomic<int> g_init_state;
 
 void EnsureInitialisedSlow();
 
-// The check every malloc pays: one load of a flag that never changes again.
+// The check every malloc pays: one load of a flag that changes only at
+// start-up and in a fork child.
 inline void EnsureInitialised() {
+  witness::CallingJemalloc();
   if (__builtin_expect(g_init_state.load(std::memory_order_acquire) != kReady, 0))
     EnsureInitialisedSlow();
 }

@@ -17,8 +17,10 @@
 #include <cstring>
 #include <new>
 
+#include "allocator/arena_control.h"
 #include "allocator/config.h"
 #include "allocator/extent_hooks.h"
+#include "allocator/fork.h"
 #include "allocator/heap.h"
 #include "allocator/init.h"
 #include "allocator/jemalloc_api.h"
@@ -42,23 +44,42 @@ void WarnLine(const char* line) {
 
 const char* GetEnv(const char* name) { return getenv(name); }
 
-void PrepareFork() { TheHeap().PrepareFork(); }
-void ParentAfterFork() { TheHeap().ParentAfterFork(); }
-void ChildAfterFork() { TheHeap().ChildAfterFork(); }
+// The first stage of the fork protocol: a fork waits for a start-up under way
+// in another thread (it calls jemalloc); the child restarts at its next call.
+void WaitForInitialisation();
+void ForkChildRestart();
 
 void Initialise() {
+  ForkHandlers init;
+  init.prepare = WaitForInitialisation;
+  init.child = ForkChildRestart;
+  SetForkHandlers(LockRank::kInit, init);
   Config config = ParseConfig(GetEnv, WarnLine);
   WarnUnknownVariables(environ, WarnLine);
   TheHeap().Configure(config);
   InstallExtentHooks();
   if (config.decay_ms != kDecayUnset) SetDirtyDecay(config.decay_ms);
   TheHeap().Start();
-  pthread_atfork(PrepareFork, ParentAfterFork, ChildAfterFork);
 }
 
 }  // namespace
 
 std::atomic<int> g_init_state{kUninitialised};
+
+namespace {
+
+void WaitForInitialisation() {
+  while (g_init_state.load(std::memory_order_acquire) == kInitialising &&
+         !pthread_equal(g_init_thread, pthread_self()))
+    sched_yield();
+}
+
+void ForkChildRestart() {
+  if (g_init_state.load(std::memory_order_relaxed) == kReady)
+    g_init_state.store(kForked, std::memory_order_relaxed);
+}
+
+}  // namespace
 
 void EnsureInitialisedSlow() {
   int s = g_init_state.load(std::memory_order_acquire);
@@ -66,10 +87,14 @@ void EnsureInitialisedSlow() {
   // Allocations made while we initialise (pthread_atfork, backend objects)
   // go straight to jemalloc, whose hooks are ours by then.
   if (s == kInitialising && pthread_equal(g_init_thread, pthread_self())) return;
-  int expected = kUninitialised;
+  int expected = s == kForked ? kForked : kUninitialised;
   if (g_init_state.compare_exchange_strong(expected, kInitialising)) {
     g_init_thread = pthread_self();
-    Initialise();
+    if (s == kForked) {
+      TheHeap().EnsureReleaseThread();
+    } else {
+      Initialise();
+    }
     g_init_state.store(kReady, std::memory_order_release);
     return;
   }
@@ -87,6 +112,7 @@ namespace {
 // The access class of a block being freed or resized; 0 (plain) for
 // everything while no class arena exists, at the cost of one load.
 inline unsigned ClassOf(const void* p) {
+  rdmalloc::witness::CallingJemalloc();
   if (__builtin_expect(!rdmalloc::g_classes_in_use.load(std::memory_order_relaxed), 1) ||
       p == nullptr)
     return 0;
@@ -264,16 +290,11 @@ RDMALLOC_EXPORT void* rallocx(void* p, size_t size, int flags) {
   }
   return rdmj_rallocx(p, size, flags);
 }
+// Every control path goes through the guard (allocator/arena_control.h).
 RDMALLOC_EXPORT int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp,
                             size_t newlen) {
   EnsureInitialised();
-  // A new arena without hooks of the caller's own gets rdmalloc's, so that its
-  // memory is registered heap like every other arena's.
-  if (name != nullptr && newp == nullptr && strcmp(name, "arenas.create") == 0) {
-    void* hooks = rdmalloc::RdmallocExtentHooks();
-    return rdmj_mallctl(name, oldp, oldlenp, &hooks, sizeof hooks);
-  }
-  return rdmj_mallctl(name, oldp, oldlenp, newp, newlen);
+  return rdmalloc::ControlMallctl(name, oldp, oldlenp, newp, newlen);
 }
 RDMALLOC_EXPORT int mallctlnametomib(const char* name, size_t* mibp, size_t* miblenp) {
   EnsureInitialised();
@@ -282,7 +303,7 @@ RDMALLOC_EXPORT int mallctlnametomib(const char* name, size_t* mibp, size_t* mib
 RDMALLOC_EXPORT int mallctlbymib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp,
                                  void* newp, size_t newlen) {
   EnsureInitialised();
-  return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen);
+  return rdmalloc::ControlMallctlByMib(mib, miblen, oldp, oldlenp, newp, newlen);
 }
 
 // C++ allocation: jemalloc's operator new is renamed like malloc.

@@ -91,14 +91,20 @@ void *rdmalloc_aligned_alloc(size_t alignment, size_t size, unsigned flags);
  * before it is unmapped, so that the observer can drop its entries for
  * [addr, addr+len) before those addresses can be reused. While an observer is
  * registered, freed pages are not purged either: memory leaves the process
- * only through these notifications. fn runs outside jemalloc's hooks and
- * outside every rdmalloc lock, on rdmalloc's release thread or inside an
- * rdmalloc_* call; it may call malloc and free. Up to 8 observers; returns 0,
- * RDMALLOC_EINVAL (fn NULL, table full, or the pair not registered). */
+ * only through these notifications.
+ * fn runs on rdmalloc's release thread only, outside jemalloc's hooks and
+ * outside every rdmalloc lock, and no rdmalloc call ever waits for it: fn may
+ * take its own cache's lock while other threads call rdmalloc_lookup holding
+ * that lock, and it may call any rdmalloc_* function, malloc and free, or
+ * remove itself. Up to 8 observers; returns 0, RDMALLOC_EINVAL (fn NULL,
+ * table full (errno ENOSPC), or the pair registered already). */
 typedef void (*rdmalloc_release_fn)(void *addr, size_t len, void *arg);
 int rdmalloc_on_release(rdmalloc_release_fn fn, void *arg);
-/* Stops notifications to (fn, arg); when it returns, fn is not running and
- * will not run again for this pair. */
+/* Stops notifications to (fn, arg), without waiting: a call of fn already
+ * under way may still finish after this returns. Then, on the release thread,
+ * fn(NULL, 0, arg) is called once: the last call, after every other; from
+ * then on fn is never called for this registration, so that is where arg may
+ * be freed. Returns 0, or RDMALLOC_EINVAL if the pair is not registered. */
 int rdmalloc_on_release_remove(rdmalloc_release_fn fn, void *arg);
 
 /* "verbs", "uring" or "none". */
@@ -155,10 +161,12 @@ struct rdmalloc_stats {
   struct rdmalloc_domain_stats domain[RDMALLOC_MAX_DOMAINS];
   uint64_t releases_notified;/* rdmalloc_on_release callbacks run */
   uint64_t observers;        /* rdmalloc_on_release observers registered */
+  uint64_t releases_pending; /* regions queued for the release thread or being released by it */
 };
 /* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
  * many were filled, so old callers keep working when the struct grows.
- * Releases queued before the call are complete when it returns. The counters
+ * Never waits for the release thread: releases it has not finished yet are
+ * counted in releases_pending (wait for 0 to see a settled heap). The counters
  * are read one by one, not as one snapshot: while other threads allocate,
  * related ones (bytes_in_use and bytes_mapped, say) may disagree briefly. */
 int rdmalloc_stats(struct rdmalloc_stats *out, size_t size);

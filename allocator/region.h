@@ -80,7 +80,7 @@ struct Region {
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).
-  SpinLock reg_lock;
+  SpinLock reg_lock{LockRank::kRegion};
   std::atomic<bool> release_wanted{false};
   std::atomic<int> registrations{0};
   RegSlot reg[kMaxDomains];

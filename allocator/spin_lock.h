@@ -1,5 +1,6 @@
 // A lock that is safe inside jemalloc's extent hooks: no allocation, constant
 // initialisation, and a fork child can reset it (its holder no longer exists).
+// Every lock has its rank in the one lock order (allocator/lock_order.h).
 #ifndef RDMALLOC_ALLOCATOR_SPIN_LOCK_H_
 #define RDMALLOC_ALLOCATOR_SPIN_LOCK_H_
 
@@ -7,28 +8,40 @@
 
 #include <atomic>
 
+#include "allocator/lock_order.h"
+
 namespace rdmalloc {
 
 class SpinLock {
  public:
-  constexpr SpinLock() = default;
+  constexpr explicit SpinLock(LockRank rank) : rank_(rank) {}
   SpinLock(const SpinLock&) = delete;
   SpinLock& operator=(const SpinLock&) = delete;
 
   // Sequentially consistent on purpose: Heap::RunRelease relies on a failed
   // TryLock and an Unlock never both missing a flag set in between.
-  bool TryLock() { return !held_.exchange(true); }
+  bool TryLock() {
+    if (held_.exchange(true)) return false;
+    witness::Acquired(rank_);
+    return true;
+  }
   void Lock() {
-    for (int spins = 0; !TryLock(); spins++) {
+    witness::Acquiring(rank_);
+    for (int spins = 0; held_.exchange(true); spins++) {
       while (held_.load(std::memory_order_relaxed)) {
         if (++spins > 64) sched_yield();
         else Relax();
       }
     }
+    witness::Acquired(rank_);
   }
-  void Unlock() { held_.store(false); }
+  void Unlock() {
+    witness::Released(rank_);
+    held_.store(false);
+  }
   // Only in a fork child, where the thread that held it is gone.
   void ResetAfterFork() { held_.store(false, std::memory_order_relaxed); }
+  LockRank rank() const { return rank_; }
 
  private:
   static void Relax() {
@@ -37,6 +50,7 @@ class SpinLock {
 #endif
   }
   std::atomic<bool> held_{false};
+  const LockRank rank_;
 };
 
 class SpinLockGuard {

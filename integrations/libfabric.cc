@@ -14,7 +14,10 @@
 namespace rdmalloc {
 namespace {
 
+// addr NULL: rdmalloc's last call after Stop; the monitor is rdmalloc's own,
+// nothing to free.
 void Notify(void* addr, size_t len, void* arg) {
+  if (addr == nullptr) return;
   auto* monitor = static_cast<fid_mem_monitor*>(arg);
   monitor->import_ops->notify(monitor, addr, len);
 }
@@ -23,13 +26,12 @@ int Start(fid_mem_monitor* monitor) {
   return rdmalloc_on_release(Notify, monitor) == RDMALLOC_OK ? 0 : -FI_ENOSPC;
 }
 
-// Called without libfabric's monitor locks held, so waiting here for a
-// running Notify (which takes them) cannot deadlock.
+// Never waits for a running Notify: one under way may still reach the
+// monitor's (by then empty) list of caches, which is harmless.
 void Stop(fid_mem_monitor* monitor) { rdmalloc_on_release_remove(Notify, monitor); }
 
-// Runs under libfabric's monitor lock: must not call into rdmalloc_* (which
-// may run release observers, and so Notify, on this thread). RegionOf takes
-// no lock.
+// Runs under libfabric's monitor lock, which Notify takes: RegionOf takes no
+// lock at all.
 int Subscribe(fid_mem_monitor*, const void* addr, size_t len) {
   return TheHeap().RegionOf(addr, len) != nullptr ? 0 : -FI_EINVAL;
 }

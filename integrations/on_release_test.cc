@@ -1,7 +1,8 @@
 // rdmalloc_on_release itself: one call per released region with exactly its
 // range, after rdmalloc's own registration is gone and before the unmap, never
 // at free() while the region is kept; freed pages stay unpurged while an
-// observer exists; removal stops calls; the table's limits.
+// observer exists; removal stops calls and is followed by one last call
+// fn(NULL, 0, arg); the table's limits.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -29,6 +30,7 @@ struct Call {
 struct Recorder {
   std::mutex mu;
   std::vector<Call> calls;
+  std::atomic<int> goodbyes{0};
   std::vector<Call> For(const void* p) {
     std::lock_guard<std::mutex> g(mu);
     std::vector<Call> hits;
@@ -44,6 +46,10 @@ struct Recorder {
 
 void Record(void* addr, size_t len, void* arg) {
   auto* rec = static_cast<Recorder*>(arg);
+  if (addr == nullptr) {  // the last call, after removal
+    rec->goodbyes++;
+    return;
+  }
   Call c{{reinterpret_cast<uintptr_t>(addr), len}, Mapped(reinterpret_cast<uintptr_t>(addr), len), 0};
   rdmalloc_keys k;
   c.lookup = rdmalloc_lookup(addr, 1, nullptr, &k);
@@ -54,6 +60,12 @@ void Record(void* addr, size_t len, void* arg) {
 }
 
 constexpr size_t kLarge = size_t{6} << 20;  // > RDMALLOC_REGION_SIZE (2M): a region of its own
+
+// Removes rec's observer and waits for its last call: rec lives on the stack.
+void Remove(Recorder& rec) {
+  EXPECT_EQ(rdmalloc_on_release_remove(Record, &rec), RDMALLOC_OK);
+  EXPECT_TRUE(Eventually([&] { return rec.goodbyes.load() == 1; })) << "no last call";
+}
 
 TEST(OnRelease, OneCallWithTheRegionBetweenDeregistrationAndUnmap) {
   PrivateArena arena;
@@ -80,7 +92,7 @@ TEST(OnRelease, OneCallWithTheRegionBetweenDeregistrationAndUnmap) {
   EXPECT_EQ(calls[0].lookup, RDMALLOC_ENOTOURS) << "rdmalloc still served it during the call";
   EXPECT_LE(Stats().bytes_registered + region.len, registered);
   EXPECT_TRUE(Eventually([&] { return !Mapped(region.begin, region.len); }));
-  EXPECT_EQ(rdmalloc_on_release_remove(Record, &rec), RDMALLOC_OK);
+  Remove(rec);
 }
 
 // Two 64 KiB buffers in one 2 MiB region (regions are 2 MiB-aligned): with p
@@ -108,7 +120,7 @@ TEST(OnRelease, FreedPagesNotPurgedWhileObserved) {
   Recorder rec;
   ASSERT_EQ(rdmalloc_on_release(Record, &rec), RDMALLOC_OK);
   EXPECT_TRUE(FreedPagesKeptWithObserverCount(1)) << "purged with an observer";
-  ASSERT_EQ(rdmalloc_on_release_remove(Record, &rec), RDMALLOC_OK);
+  Remove(rec);
   EXPECT_FALSE(FreedPagesKeptWithObserverCount(0)) << "control: not purged without observers";
 }
 
@@ -118,7 +130,7 @@ TEST(OnRelease, RemovedObserverIsNotCalled) {
   Recorder kept, removed;
   ASSERT_EQ(rdmalloc_on_release(Record, &kept), RDMALLOC_OK);
   ASSERT_EQ(rdmalloc_on_release(Record, &removed), RDMALLOC_OK);
-  ASSERT_EQ(rdmalloc_on_release_remove(Record, &removed), RDMALLOC_OK);
+  Remove(removed);
   void* b = arena.Alloc(kLarge);
   ASSERT_NE(b, nullptr);
   memset(b, 1, kLarge);
@@ -126,20 +138,29 @@ TEST(OnRelease, RemovedObserverIsNotCalled) {
   ForceDecay();
   ASSERT_TRUE(Eventually([&] { return !kept.For(b).empty(); }));
   EXPECT_EQ(removed.Count(), 0u);
-  EXPECT_EQ(rdmalloc_on_release_remove(Record, &kept), RDMALLOC_OK);
+  EXPECT_EQ(removed.goodbyes.load(), 1);
+  Remove(kept);
 }
 
-void RemoveSelf(void*, size_t, void* arg) {
-  auto* calls = static_cast<std::atomic<int>*>(arg);
-  calls->fetch_add(1);
-  rdmalloc_on_release_remove(RemoveSelf, arg);  // must not wait for itself
+struct SelfRemoval {
+  std::atomic<int> calls{0}, goodbyes{0};
+};
+
+void RemoveSelf(void* addr, size_t, void* arg) {
+  auto* self = static_cast<SelfRemoval*>(arg);
+  if (addr == nullptr) {
+    self->goodbyes++;
+    return;
+  }
+  self->calls++;
+  rdmalloc_on_release_remove(RemoveSelf, arg);
 }
 
 TEST(OnRelease, ObserverMayRemoveItself) {
   PrivateArena arena;
   ASSERT_TRUE(arena.ok());
-  std::atomic<int> calls{0};
-  ASSERT_EQ(rdmalloc_on_release(RemoveSelf, &calls), RDMALLOC_OK);
+  SelfRemoval self;
+  ASSERT_EQ(rdmalloc_on_release(RemoveSelf, &self), RDMALLOC_OK);
   for (int i = 0; i < 2; i++) {
     void* b = arena.Alloc(kLarge);
     ASSERT_NE(b, nullptr);
@@ -149,21 +170,28 @@ TEST(OnRelease, ObserverMayRemoveItself) {
     ForceDecay();
     ASSERT_TRUE(Eventually([&] { return Stats().regions_released > released; }));
   }
-  EXPECT_EQ(calls.load(), 1);
-  EXPECT_EQ(rdmalloc_on_release_remove(RemoveSelf, &calls), RDMALLOC_EINVAL);
+  EXPECT_EQ(self.calls.load(), 1);
+  EXPECT_EQ(rdmalloc_on_release_remove(RemoveSelf, &self), RDMALLOC_EINVAL);
+  EXPECT_TRUE(Eventually([&] { return self.goodbyes.load() == 1; })) << "no last call";
 }
 
-void Ignore(void*, size_t, void*) {}
+// Counts last calls only.
+void CountGoodbyes(void* addr, size_t, void* arg) {
+  if (addr == nullptr) static_cast<std::atomic<int>*>(arg)->fetch_add(1);
+}
 
 TEST(OnRelease, TableLimits) {
-  int args[9];
+  std::atomic<int> args[9] = {};
   EXPECT_EQ(rdmalloc_on_release(nullptr, &args[0]), RDMALLOC_EINVAL);
-  EXPECT_EQ(rdmalloc_on_release_remove(Ignore, &args[0]), RDMALLOC_EINVAL);  // never added
-  for (int i = 0; i < 8; i++) ASSERT_EQ(rdmalloc_on_release(Ignore, &args[i]), RDMALLOC_OK) << i;
-  EXPECT_EQ(rdmalloc_on_release(Ignore, &args[0]), RDMALLOC_EINVAL);  // already there
-  EXPECT_EQ(rdmalloc_on_release(Ignore, &args[8]), RDMALLOC_EINVAL);  // full
-  for (int i = 0; i < 8; i++) EXPECT_EQ(rdmalloc_on_release_remove(Ignore, &args[i]), RDMALLOC_OK);
+  EXPECT_EQ(rdmalloc_on_release_remove(CountGoodbyes, &args[0]), RDMALLOC_EINVAL);  // never added
+  for (int i = 0; i < 8; i++) ASSERT_EQ(rdmalloc_on_release(CountGoodbyes, &args[i]), RDMALLOC_OK) << i;
+  EXPECT_EQ(rdmalloc_on_release(CountGoodbyes, &args[0]), RDMALLOC_EINVAL);  // already there
+  EXPECT_EQ(rdmalloc_on_release(CountGoodbyes, &args[8]), RDMALLOC_EINVAL);  // full
+  for (int i = 0; i < 8; i++) EXPECT_EQ(rdmalloc_on_release_remove(CountGoodbyes, &args[i]), RDMALLOC_OK);
   EXPECT_EQ(Stats().observers, 0u);
+  for (int i = 0; i < 8; i++)
+    EXPECT_TRUE(Eventually([&] { return args[i].load() == 1; })) << "no last call for " << i;
+  EXPECT_EQ(args[8].load(), 0);
 }
 
 }  // namespace

@@ -21,7 +21,10 @@ VmMunmapFn g_vm_munmap = nullptr;  // set once, before the observer exists
 bool g_enabled = false;
 pthread_mutex_t g_enable_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void TellUcx(void* addr, size_t len, void*) { g_vm_munmap(addr, len); }
+// Never removed; addr NULL would be rdmalloc's last call after removal.
+void TellUcx(void* addr, size_t len, void*) {
+  if (addr != nullptr) g_vm_munmap(addr, len);
+}
 
 int Enable() {
   if (g_enabled) return RDMALLOC_OK;

@@ -1,6 +1,8 @@
 // rdmalloc_on_release: observers hear of every range rdmalloc gives back to
 // the OS, exactly once, while the addresses are still mapped, never in hook
-// context, and never for memory rdmalloc still keeps.
+// context, and never for memory rdmalloc still keeps. No rdmalloc call waits
+// for a callback, and no callback runs under an rdmalloc lock: a cache whose
+// callback takes its own lock cannot deadlock with lookups made under it.
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -27,6 +29,16 @@ namespace {
 using rdmalloc_test::ForceDecay;
 using rdmalloc_test::Stats;
 
+// Polls `done` for up to `ms` milliseconds.
+template <typename F>
+bool Eventually(F done, int ms = 5000) {
+  for (int i = 0; i < ms; i++) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return done();
+}
+
 // Larger than any shared region (RDMALLOC_REGION_SIZE, 32 MiB by default):
 // gets a dedicated region, released as a whole when freed and decayed.
 constexpr size_t kBig = size_t{40} << 20;
@@ -45,10 +57,15 @@ struct Seen {
   std::atomic<int> still_mapped_failures{0};
   std::atomic<int> still_registered{0};
   std::atomic<int> malloc_in_callback_failed{0};
+  std::atomic<int> goodbyes{0};  // fn(NULL, 0, arg): the last call after removal
 };
 
 void Record(void* addr, size_t len, void* arg) {
   auto* seen = static_cast<Seen*>(arg);
+  if (addr == nullptr) {
+    seen->goodbyes++;
+    return;
+  }
   // Still mapped: msync fails with ENOMEM on unmapped addresses.
   if (msync(addr, len, MS_ASYNC) != 0) seen->still_mapped_failures++;
   // Already unregistered and out of the map: rdmalloc no longer knows it.
@@ -124,6 +141,8 @@ TEST(OnRelease, NotifiedOnceWhenTheRegionGoesBackNeverEarlier) {
   ASSERT_EQ(rdmalloc_on_release_remove(Record, &seen), RDMALLOC_OK);
   EXPECT_EQ(rdmalloc_on_release_remove(Record, &seen), RDMALLOC_EINVAL) << "not registered";
   EXPECT_EQ(Stats().observers, 0u);
+  // seen lives on the stack: the last call must come before it goes.
+  ASSERT_TRUE(Eventually([&] { return seen.goodbyes.load() == 1; })) << "no last call";
 }
 
 TEST(OnRelease, RunsOnTheReleaseThreadNotInsideFree) {
@@ -177,12 +196,19 @@ TEST(OnRelease, FreedPagesAreNotPurgedWhileObserversExist) {
   }
   for (void* p : keep) free(p);
   ASSERT_EQ(rdmalloc_on_release_remove(Record, &seen), RDMALLOC_OK);
+  ASSERT_TRUE(Eventually([&] { return seen.goodbyes.load() == 1; })) << "no last call";
 }
 
-TEST(OnRelease, RemoveWaitsForARunningCallbackAndACallbackMayRemoveItself) {
-  static std::atomic<int> inside{0}, calls{0};
+// Removal never waits for a running callback; the removed observer's last
+// call, fn(NULL, 0, arg), comes after that callback returned.
+TEST(OnRelease, RemoveNeverWaitsAndTheLastCallComesAfterARunningCallback) {
+  static std::atomic<int> inside{0}, calls{0}, goodbye_after_calls{-1};
   static std::atomic<bool> release_it{false};
-  auto slow = [](void*, size_t, void*) {
+  auto slow = [](void* addr, size_t, void*) {
+    if (addr == nullptr) {
+      goodbye_after_calls = calls.load();
+      return;
+    }
     inside = 1;
     while (!release_it.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     calls++;
@@ -191,21 +217,24 @@ TEST(OnRelease, RemoveWaitsForARunningCallbackAndACallbackMayRemoveItself) {
   ASSERT_EQ(rdmalloc_on_release(slow, nullptr), RDMALLOC_OK);
   void* p = MallocUsed(kBig, 4);
   free(p);
-  ForceDecay();
-  for (int i = 0; i < 500 && inside.load() == 0; i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_EQ(inside.load(), 1) << "callback did not start";
-  std::thread releaser([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    release_it = true;
-  });
+  mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // not ForceDecay: it would wait
+  ASSERT_TRUE(Eventually([] { return inside.load() == 1; })) << "callback did not start";
   ASSERT_EQ(rdmalloc_on_release_remove(slow, nullptr), RDMALLOC_OK);
-  EXPECT_EQ(inside.load(), 0) << "remove returned while the callback ran";
+  EXPECT_EQ(inside.load(), 1) << "remove waited for the running callback";
+  EXPECT_EQ(goodbye_after_calls.load(), -1) << "last call while a delivery ran";
+  release_it = true;
+  ASSERT_TRUE(Eventually([] { return goodbye_after_calls.load() != -1; })) << "no last call";
   EXPECT_EQ(calls.load(), 1);
-  releaser.join();
+  EXPECT_EQ(goodbye_after_calls.load(), 1) << "the last call came before the delivery ended";
+}
 
-  static std::atomic<int> self_calls{0};
-  auto once = [](void*, size_t, void* arg) {
+TEST(OnRelease, ACallbackMayRemoveItself) {
+  static std::atomic<int> self_calls{0}, goodbyes{0};
+  auto once = [](void* addr, size_t, void* arg) {
+    if (addr == nullptr) {
+      goodbyes++;
+      return;
+    }
     self_calls++;
     rdmalloc_on_release_remove(reinterpret_cast<rdmalloc_release_fn>(arg), arg);
   };
@@ -216,11 +245,103 @@ TEST(OnRelease, RemoveWaitsForARunningCallbackAndACallbackMayRemoveItself) {
     void* q = MallocUsed(kBig, 5);
     free(q);
     ForceDecay();
-    for (int i = 0; i < 300 && self_calls.load() == 0; i++)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(self_calls.load(), 1) << "a callback that removed itself ran again";
+  EXPECT_TRUE(Eventually([] { return goodbyes.load() == 1; })) << "no last call";
   EXPECT_EQ(Stats().observers, 0u);
+}
+
+// How UCX's and libfabric's caches are built: the callback takes the cache's
+// lock, and other threads call rdmalloc_* while holding it. Each rdmalloc call
+// must return while the callback waits for that lock. Run in a child with a
+// deadline, so that a deadlock fails the test instead of hanging it.
+TEST(OnRelease, NoRdmallocCallWaitsForACallbackThatWaitsForTheCallersLock) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(20);  // a deadlock ends here, with SIGALRM
+    static std::mutex cache_lock;
+    static std::atomic<int> waiting{0};
+    auto cb = [](void* addr, size_t, void*) {
+      if (addr == nullptr) return;
+      waiting = 1;
+      std::lock_guard<std::mutex> g(cache_lock);
+      waiting = 0;
+    };
+    if (rdmalloc_on_release(cb, nullptr) != RDMALLOC_OK) _exit(10);
+    std::unique_lock<std::mutex> held(cache_lock);
+    void* p = MallocUsed(kBig, 7);
+    free(p);
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    if (!Eventually([] { return waiting.load() == 1; })) _exit(11);
+    // The release thread now waits for cache_lock, which this thread holds.
+    int token = 0;
+    void* fresh = MallocUsed(kBig, 8);  // a new region: the lookup's slow path registers it
+    rdmalloc_keys k;
+    if (rdmalloc_lookup(fresh, 64, nullptr, &k) != RDMALLOC_OK) _exit(12);
+    struct rdmalloc_stats s;
+    if (rdmalloc_stats(&s, sizeof s) != RDMALLOC_OK || s.releases_pending == 0) _exit(13);
+    if (rdmalloc_add_pd(reinterpret_cast<ibv_pd*>(&token), RDMALLOC_ACCESS_LOCAL_WRITE) !=
+        RDMALLOC_OK)
+      _exit(14);
+    if (rdmalloc_lookup(fresh, 64, reinterpret_cast<ibv_pd*>(&token), &k) != RDMALLOC_OK) _exit(15);
+    free(fresh);
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // another release queued
+    if (rdmalloc_remove_pd(reinterpret_cast<ibv_pd*>(&token)) != RDMALLOC_OK) _exit(16);
+    FILE* devnull = fopen("/dev/null", "w");
+    if (rdmalloc_dump_regions(devnull) < 0) _exit(17);
+    fclose(devnull);
+    if (rdmalloc_on_release_remove(cb, nullptr) != RDMALLOC_OK) _exit(18);
+    if (waiting.load() != 1) _exit(19);  // the callback is still blocked: nothing waited for it
+    held.unlock();
+    if (!Eventually([] { return Stats().releases_pending == 0; })) _exit(20);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      << "deadlock: an rdmalloc call waited for a callback blocked on the caller's lock";
+  ASSERT_TRUE(WIFEXITED(status)) << "child died with signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "step that failed: see the _exit codes in the test";
+}
+
+// rdmalloc_remove_pd used to run callbacks under its lock: a callback that
+// calls rdmalloc_* would deadlock on it.
+TEST(OnRelease, CallbacksMayCallRdmallocWhileAPdIsRemoved) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(20);
+    static std::atomic<int> calls{0};
+    auto cb = [](void* addr, size_t, void*) {
+      if (addr == nullptr) return;
+      struct rdmalloc_stats s;
+      rdmalloc_stats(&s, sizeof s);
+      int token2 = 0;
+      rdmalloc_add_pd(reinterpret_cast<ibv_pd*>(&token2), RDMALLOC_ACCESS_LOCAL_WRITE);
+      rdmalloc_remove_pd(reinterpret_cast<ibv_pd*>(&token2));
+      calls++;
+    };
+    if (rdmalloc_on_release(cb, nullptr) != RDMALLOC_OK) _exit(10);
+    int token = 0;
+    if (rdmalloc_add_pd(reinterpret_cast<ibv_pd*>(&token), RDMALLOC_ACCESS_LOCAL_WRITE) !=
+        RDMALLOC_OK)
+      _exit(11);
+    for (int i = 0; i < 4; i++) {
+      void* p = MallocUsed(kBig, 9);
+      rdmalloc_keys k;
+      if (rdmalloc_lookup(p, 64, reinterpret_cast<ibv_pd*>(&token), &k) != RDMALLOC_OK) _exit(12);
+      free(p);
+      mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    }
+    if (rdmalloc_remove_pd(reinterpret_cast<ibv_pd*>(&token)) != RDMALLOC_OK) _exit(13);
+    if (!Eventually([] { return calls.load() >= 4; })) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      << "deadlock: a callback calling rdmalloc_* while a pd was removed";
+  ASSERT_TRUE(WIFEXITED(status)) << "child died with signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "step that failed: see the _exit codes in the test";
 }
 
 TEST(OnRelease, ArgumentErrorsAndTableFull) {
@@ -233,22 +354,24 @@ TEST(OnRelease, ArgumentErrorsAndTableFull) {
   EXPECT_EQ(rdmalloc_on_release(cb, &args[8]), RDMALLOC_EINVAL);
   EXPECT_EQ(errno, ENOSPC);
   for (int i = 0; i < 8; i++) EXPECT_EQ(rdmalloc_on_release_remove(cb, &args[i]), RDMALLOC_OK);
+  // A removed slot is free again once its last call was made.
+  EXPECT_TRUE(Eventually([&] { return rdmalloc_on_release(cb, &args[8]) == RDMALLOC_OK; }));
+  EXPECT_EQ(rdmalloc_on_release_remove(cb, &args[8]), RDMALLOC_OK);
 }
 
 // A fork child has no release thread at first; its observers still hear of
-// its releases (through the next rdmalloc_* call, which restarts the thread).
+// its releases: its first malloc starts the thread again.
 TEST(OnRelease, ForkChildIsNotifiedToo) {
   static std::atomic<int> calls{0};
-  auto cb = [](void*, size_t, void*) { calls++; };
+  auto cb = [](void* addr, size_t, void*) { calls += addr != nullptr; };
   ASSERT_EQ(rdmalloc_on_release(cb, nullptr), RDMALLOC_OK);
   pid_t pid = fork();
   if (pid == 0) {
     calls = 0;
     void* p = MallocUsed(kBig, 6);
     free(p);
-    ForceDecay();
-    struct rdmalloc_stats s;
-    rdmalloc_stats(&s, sizeof s);  // an rdmalloc_* call: drains, restarts the thread
+    mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // no rdmalloc_* call
     for (int i = 0; i < 300 && calls.load() == 0; i++) usleep(10000);
     _exit(calls.load() >= 1 ? 0 : 1);
   }

@@ -30,18 +30,30 @@ namespace rdmalloc_test {
 // Pinned memory of this process (kB).
 inline long VmPinKb() { return StatusKb("VmPin"); }
 
-// Makes jemalloc give back everything it caches: this thread's tcache, then
-// every arena's dirty and muzzy extents (through rdmalloc's dalloc hook).
-inline void ForceDecay() {
-  mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
-  mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // MALLCTL_ARENAS_ALL
-}
-
 inline struct rdmalloc_stats Stats() {
   struct rdmalloc_stats s;
   memset(&s, 0, sizeof s);
   rdmalloc_stats(&s, sizeof s);
   return s;
+}
+
+// Waits (up to 10 s) until the release thread has finished every release
+// queued so far: rdmalloc_* calls never wait for it. Returns whether it did.
+inline bool WaitForReleases() {
+  for (int i = 0; i < 10000; i++) {
+    if (Stats().releases_pending == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// Makes jemalloc give back everything it caches: this thread's tcache, then
+// every arena's dirty and muzzy extents (through rdmalloc's dalloc hook), and
+// waits for the releases that follow.
+inline void ForceDecay() {
+  mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
+  mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // MALLCTL_ARENAS_ALL
+  WaitForReleases();
 }
 
 // A byte pattern that differs per (seed, offset), so a stale page never

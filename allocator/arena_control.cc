@@ -1,0 +1,153 @@
+#include "allocator/arena_control.h"
+
+#include <errno.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "allocator/fork.h"
+#include "allocator/jemalloc_api.h"
+#include "allocator/spin_lock.h"
+
+namespace rdmalloc {
+namespace {
+
+// MALLOCX_ARENA encodes up to 4095 arenas.
+constexpr unsigned kMaxArenas = 4096;
+constexpr size_t kMaxMib = 8;
+
+// jemalloc's arena_config_t (experimental.arenas_create_ext), 5.3.
+struct ArenaConfig {
+  extent_hooks_t* extent_hooks;
+  bool metadata_use_hooks;
+};
+
+// A control node as jemalloc numbers it. Nodes under arena.<i> match any i.
+struct Mib {
+  size_t v[kMaxMib] = {};
+  size_t len = 0;
+  bool per_arena = false;
+};
+Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset;
+constexpr size_t kArenaIndex = 1;  // arena.<i>.leaf
+
+extent_hooks_t* g_ours = nullptr;
+extent_hooks_t* g_defaults = nullptr;
+std::atomic<bool> g_internal[kMaxArenas];
+
+// Check, then act, as one step: no arena can be destroyed and made anew
+// between the guard's look at its hooks and the write.
+SpinLock g_control_lock{LockRank::kControl};
+
+void ForkPrepare() { g_control_lock.Lock(); }
+void ForkParent() { g_control_lock.Unlock(); }
+void ForkChild() { g_control_lock.ResetAfterFork(); }
+
+bool NameToMib(const char* name, Mib* out, bool per_arena = false) {
+  out->len = kMaxMib;
+  out->per_arena = per_arena;
+  if (rdmj_mallctlnametomib(name, out->v, &out->len) != 0) {
+    out->len = 0;
+    return false;
+  }
+  return true;
+}
+
+bool Is(const Mib& node, const size_t* mib, size_t miblen) {
+  if (node.len == 0 || miblen != node.len) return false;
+  for (size_t i = 0; i < miblen; i++) {
+    if (!(node.per_arena && i == kArenaIndex) && mib[i] != node.v[i]) return false;
+  }
+  return true;
+}
+
+// The hooks arena i runs on; nullptr if it does not exist.
+extent_hooks_t* HooksOf(unsigned arena) {
+  size_t mib[kMaxMib];
+  memcpy(mib, g_hooks_of.v, sizeof mib);
+  mib[kArenaIndex] = arena;
+  extent_hooks_t* hooks = nullptr;
+  size_t len = sizeof hooks;
+  if (rdmj_mallctlbymib(mib, g_hooks_of.len, &hooks, &len, nullptr, 0) != 0) return nullptr;
+  return hooks;
+}
+
+bool Internal(size_t arena) {
+  return arena < kMaxArenas && g_internal[arena].load(std::memory_order_acquire);
+}
+
+int Guarded(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,
+            size_t newlen) {
+  SpinLockGuard g(g_control_lock);
+  if (Is(g_create, mib, miblen) && newp == nullptr) {
+    extent_hooks_t* ours = g_ours;
+    return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, &ours, sizeof ours);
+  }
+  if (Is(g_create_ext, mib, miblen) && newp != nullptr && newlen == sizeof(ArenaConfig)) {
+    ArenaConfig config;
+    memcpy(&config, newp, sizeof config);
+    if (config.extent_hooks == nullptr || config.extent_hooks == g_defaults)
+      config.extent_hooks = g_ours;
+    return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, &config, sizeof config);
+  }
+  if (Is(g_hooks_of, mib, miblen) && newp != nullptr) {
+    size_t arena = mib[kArenaIndex];
+    if (arena < kMaxArenas && HooksOf(static_cast<unsigned>(arena)) == g_ours) return EPERM;
+  }
+  if ((Is(g_destroy, mib, miblen) || Is(g_reset, mib, miblen)) && Internal(mib[kArenaIndex]))
+    return EPERM;
+  return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen);
+}
+
+bool Watched(const size_t* mib, size_t miblen) {
+  return Is(g_create, mib, miblen) || Is(g_create_ext, mib, miblen) ||
+         Is(g_hooks_of, mib, miblen) || Is(g_destroy, mib, miblen) || Is(g_reset, mib, miblen);
+}
+
+}  // namespace
+
+void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults) {
+  g_ours = ours;
+  g_defaults = defaults;
+  NameToMib("arenas.create", &g_create);
+  NameToMib("experimental.arenas_create_ext", &g_create_ext);
+  NameToMib("arena.0.extent_hooks", &g_hooks_of, /*per_arena=*/true);
+  NameToMib("arena.0.destroy", &g_destroy, /*per_arena=*/true);
+  NameToMib("arena.0.reset", &g_reset, /*per_arena=*/true);
+  ForkHandlers fork;
+  fork.prepare = ForkPrepare;
+  fork.parent = ForkParent;
+  fork.child = ForkChild;
+  SetForkHandlers(LockRank::kControl, fork);
+}
+
+unsigned CreateArena(extent_hooks_t* hooks, bool internal) {
+  SpinLockGuard g(g_control_lock);
+  unsigned ind = 0;
+  size_t len = sizeof ind;
+  if (rdmj_mallctlbymib(g_create.v, g_create.len, &ind, &len, &hooks, sizeof hooks) != 0 ||
+      ind == 0 || ind >= kMaxArenas)
+    return 0;
+  g_internal[ind].store(internal, std::memory_order_release);
+  return ind;
+}
+
+int ControlMallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
+  // Every watched node lies under "arena." or "arenas." or is
+  // experimental.arenas_create_ext; the rest goes straight to jemalloc.
+  if (name != nullptr && (strncmp(name, "arena", 5) == 0 || strncmp(name, "experimental.", 13) == 0)) {
+    Mib m;
+    if (NameToMib(name, &m) && Watched(m.v, m.len))
+      return Guarded(m.v, m.len, oldp, oldlenp, newp, newlen);
+  }
+  return rdmj_mallctl(name, oldp, oldlenp, newp, newlen);
+}
+
+int ControlMallctlByMib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,
+                        size_t newlen) {
+  if (mib != nullptr && Watched(mib, miblen))
+    return Guarded(mib, miblen, oldp, oldlenp, newp, newlen);
+  return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen);
+}
+
+}  // namespace rdmalloc

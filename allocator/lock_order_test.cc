@@ -1,0 +1,85 @@
+// The witness (allocator/lock_order.h), built here with RDMALLOC_WITNESS: the
+// acquisitions the lock order forbids abort with both ranks named, and the
+// ones it allows pass. --config=ubsan and --config=tsan build the whole
+// allocator with the witness, so every test there checks the order too.
+#include "allocator/lock_order.h"
+
+#include <gtest/gtest.h>
+
+#include "allocator/spin_lock.h"
+
+namespace rdmalloc {
+namespace {
+
+TEST(LockOrder, AscendingRanksAreAllowed) {
+  SpinLock api(LockRank::kApi), region(LockRank::kRegion), heap(LockRank::kHeap),
+      queue(LockRank::kReleaseQueue);
+  api.Lock();
+  region.Lock();
+  witness::CallingJemalloc();  // ibv_reg_mr mallocs under reg_lock: allowed
+  heap.Lock();
+  queue.Lock();
+  queue.Unlock();
+  heap.Unlock();
+  region.Unlock();
+  api.Unlock();
+}
+
+TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
+  auto heap_then_api = [] {
+    SpinLock heap(LockRank::kHeap);
+    SpinLock api(LockRank::kApi);
+    heap.Lock();
+    api.Lock();
+  };
+  EXPECT_DEATH(heap_then_api(),
+      "taking 'api' \\(rank 3\\) while holding 'heap' \\(rank 6\\)");
+}
+
+TEST(LockOrder, TwoLocksOfOneRankAbort) {
+  auto two_regions = [] {
+    SpinLock a(LockRank::kRegion);
+    SpinLock b(LockRank::kRegion);
+    a.Lock();
+    b.Lock();
+  };
+  EXPECT_DEATH(two_regions(),
+      "taking 'region registration'");
+}
+
+TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
+  EXPECT_DEATH(
+      {
+        SpinLock heap(LockRank::kHeap);
+        heap.Lock();
+        witness::CallingJemalloc();
+      },
+      "taking 'jemalloc' \\(rank 5\\) while holding 'heap'");
+}
+
+TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
+  SpinLock region(LockRank::kRegion);
+  {
+    HookScope in_jemalloc;
+    ASSERT_TRUE(region.TryLock());  // TryLock never waits: allowed
+    region.Unlock();
+  }
+  EXPECT_DEATH(
+      {
+        HookScope in_jemalloc;
+        region.Lock();
+      },
+      "taking 'region registration' \\(rank 4\\) while holding 'jemalloc' \\(rank 5\\)");
+}
+
+TEST(LockOrder, AForkChildForgetsWhatItHeld) {
+  SpinLock heap(LockRank::kHeap), api(LockRank::kApi);
+  heap.Lock();
+  heap.ResetAfterFork();
+  witness::ForgetHeld();
+  api.Lock();  // no violation: nothing is held any more
+  api.Unlock();
+}
+
+}  // namespace
+}  // namespace rdmalloc

@@ -1,0 +1,136 @@
+// The fork protocol (allocator/fork.h): one handler takes every lock, rdmalloc's
+// and jemalloc's, in the one lock order. Two programs that used to hang in
+// fork: jemalloc's background threads decaying into rdmalloc's hooks, and a
+// thread making and destroying arenas. The process runs with background
+// threads and fast decay (BUILD: MALLOC_CONF); a hang ends at the alarm with
+// the number of the fork that hung.
+#include <jemalloc/jemalloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "allocator/rdmalloc.h"
+#include "test/test_util.h"
+
+namespace {
+
+std::atomic<int> g_fork_number{-1};
+
+void OnAlarm(int) {
+  char line[128];
+  int n = snprintf(line, sizeof line, "HANG: fork number %d did not return within the deadline\n",
+                   g_fork_number.load());
+  ssize_t ignored = write(STDERR_FILENO, line, static_cast<size_t>(n));
+  (void)ignored;
+  _exit(3);
+}
+
+// Forks `forks` children that allocate and exit while `churn` runs on other
+// threads; every child must exit 0. Returns the number of forks done.
+template <typename Churn>
+int ForkWhile(int forks, int threads, Churn churn) {
+  signal(SIGALRM, OnAlarm);
+  alarm(120);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; t++) workers.emplace_back([&, t] { churn(t, stop); });
+  int done = 0;
+  for (int f = 0; f < forks; f++) {
+    g_fork_number = f;
+    pid_t pid = fork();
+    if (pid == 0) {
+      // The child's heap works, also from a new thread.
+      void* p = malloc(1000);
+      void* q = malloc(size_t{1} << 20);
+      memset(q, 1, size_t{1} << 20);
+      std::thread t([] { free(malloc(5000)); });
+      t.join();
+      free(p);
+      free(q);
+      _exit(0);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child of fork " << f;
+    done++;
+  }
+  stop = true;
+  for (std::thread& w : workers) w.join();
+  alarm(0);
+  return done;
+}
+
+TEST(ForkProtocol, BackgroundThreadsRunningInsideTheHooks) {
+  bool background = false;
+  size_t len = sizeof background;
+  ASSERT_EQ(mallctl("background_thread", &background, &len, nullptr, 0), 0);
+  ASSERT_TRUE(background) << "this test needs MALLOC_CONF=background_thread:true (see BUILD)";
+  int done = ForkWhile(300, 2, [](int t, std::atomic<bool>& stop) {
+    std::mt19937 rng(t + 1);
+    void* keep[64] = {};
+    size_t sizes[64] = {};
+    while (!stop.load()) {
+      int i = static_cast<int>(rng() % 64);
+      if (keep[i] != nullptr) {
+        ASSERT_EQ(static_cast<unsigned char*>(keep[i])[sizes[i] - 1], (i & 0x7f) + 1);
+        free(keep[i]);
+      }
+      sizes[i] = rng() % 4 ? 1 + rng() % 512 : (size_t{64} << 10) + rng() % (size_t{4} << 20);
+      keep[i] = malloc(sizes[i]);
+      memset(keep[i], (i & 0x7f) + 1, sizes[i]);
+    }
+    for (void* p : keep) free(p);
+  });
+  EXPECT_EQ(done, 300);
+}
+
+TEST(ForkProtocol, ArenasMadeAndDestroyedDuringFork) {
+  int done = ForkWhile(200, 1, [](int, std::atomic<bool>& stop) {
+    while (!stop.load()) {
+      unsigned ind = 0;
+      size_t len = sizeof ind;
+      ASSERT_EQ(mallctl("arenas.create", &ind, &len, nullptr, 0), 0);
+      void* p = mallocx(100000, MALLOCX_ARENA(ind) | MALLOCX_TCACHE_NONE);
+      ASSERT_NE(p, nullptr);
+      memset(p, 3, 100000);
+      dallocx(p, MALLOCX_TCACHE_NONE);
+      char name[64];
+      snprintf(name, sizeof name, "arena.%u.destroy", ind);
+      ASSERT_EQ(mallctl(name, nullptr, nullptr, nullptr, 0), 0);
+    }
+  });
+  EXPECT_EQ(done, 200);
+}
+
+// Lookups register regions (reg_lock, then the backend) and class arenas are
+// made while other threads fork: the child registers anew, the parent's keys
+// still work.
+TEST(ForkProtocol, RegistrationsAndClassArenasDuringFork) {
+  int done = ForkWhile(100, 2, [](int t, std::atomic<bool>& stop) {
+    std::mt19937 rng(t + 7);
+    while (!stop.load()) {
+      size_t n = (size_t{1} << 20) + rng() % (size_t{8} << 20);
+      void* p = t == 0 ? malloc(n) : rdmalloc_alloc(n, RDMALLOC_REMOTE_READ);
+      ASSERT_NE(p, nullptr);
+      memset(p, 5, 4096);
+      rdmalloc_keys k;
+      ASSERT_EQ(rdmalloc_lookup(p, 4096, nullptr, &k), RDMALLOC_OK);
+      free(p);
+      if (rng() % 8 == 0) mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    }
+  });
+  EXPECT_EQ(done, 100);
+}
+
+}  // namespace
