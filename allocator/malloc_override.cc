@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -250,21 +251,58 @@ RDMALLOC_EXPORT void* rdmalloc_aligned_alloc(size_t alignment, size_t size, unsi
   if (p == nullptr) errno = ENOMEM;
   return p;
 }
+
+// glibc 2.36's memalign, aligned_alloc, valloc and pvalloc, which programs
+// rely on (jemalloc refuses the first two cases and leaves errno alone):
+// - an alignment that is not a power of two is rounded up to the next one,
+//   and 0 asks for none;
+// - one above SIZE_MAX / 2 + 1 has no power of two to round to: EINVAL;
+// - out of memory, a size or alignment too large included: ENOMEM.
+namespace {
+
+// The alignment glibc would use, or 0 (errno EINVAL) if there is none.
+size_t GlibcAlignment(size_t alignment) {
+  if (alignment > SIZE_MAX / 2 + 1) {
+    errno = EINVAL;
+    return 0;
+  }
+  if (alignment <= 1) return 1;
+  if ((alignment & (alignment - 1)) == 0) return alignment;
+  return size_t{1} << (8 * sizeof(size_t) - __builtin_clzl(alignment));
+}
+
+void* OrEnomem(void* p) {
+  if (p == nullptr) errno = ENOMEM;
+  return p;
+}
+
+}  // namespace
+
+// jemalloc's posix_memalign answers as glibc's does (EINVAL for an alignment
+// that is not a power-of-two multiple of sizeof(void*), *p untouched on
+// failure) but for errno, which glibc's sets to ENOMEM when memory runs out.
 RDMALLOC_EXPORT int posix_memalign(void** p, size_t alignment, size_t size) {
   EnsureInitialised();
-  return rdmj_posix_memalign(p, alignment, size);
+  int err = rdmj_posix_memalign(p, alignment, size);
+  if (err == ENOMEM) errno = ENOMEM;
+  return err;
 }
 RDMALLOC_EXPORT void* aligned_alloc(size_t alignment, size_t size) {
   EnsureInitialised();
-  return rdmj_aligned_alloc(alignment, size);
+  alignment = GlibcAlignment(alignment);
+  if (alignment == 0) return nullptr;
+  return OrEnomem(rdmj_aligned_alloc(alignment, size));
 }
 RDMALLOC_EXPORT void* memalign(size_t alignment, size_t size) {
   EnsureInitialised();
-  return rdmj_memalign(alignment, size);
+  alignment = GlibcAlignment(alignment);
+  if (alignment == 0) return nullptr;
+  // jemalloc's memalign and valloc ignore the alignment for size 0.
+  return OrEnomem(rdmj_memalign(alignment, size == 0 ? 1 : size));
 }
 RDMALLOC_EXPORT void* valloc(size_t size) {
   EnsureInitialised();
-  return rdmj_valloc(size);
+  return OrEnomem(rdmj_valloc(size == 0 ? 1 : size));
 }
 // jemalloc 5.3 has no pvalloc; glibc's would hand out glibc heap memory.
 RDMALLOC_EXPORT void* pvalloc(size_t size) {
@@ -275,7 +313,7 @@ RDMALLOC_EXPORT void* pvalloc(size_t size) {
     errno = ENOMEM;
     return nullptr;
   }
-  return rdmj_memalign(page, rounded == 0 ? page : rounded);
+  return OrEnomem(rdmj_memalign(page, rounded == 0 ? page : rounded));
 }
 RDMALLOC_EXPORT void* mallocx(size_t size, int flags) {
   EnsureInitialised();

@@ -7,7 +7,7 @@ apt-get update -q
 apt-get install -y -q --no-install-recommends \
   bazel-bootstrap g++ binutils ca-certificates \
   libjemalloc-dev libjemalloc2 liburing-dev libibverbs-dev ibverbs-providers \
-  libgtest-dev libbenchmark-dev \
+  libgtest-dev libbenchmark-dev libexpat1-dev \
   clang libclang-rt-14-dev valgrind \
   python3 sqlite3 coreutils procps pkg-config \
   libucx-dev libfabric-dev gnuplot-nox \

@@ -29,10 +29,11 @@ global_exports() {  # library: its exported (global, defined) dynamic symbols
 exports=$(global_exports "$minimpi")
 for sym in minimpi_send minimpi_recv minimpi_alloc_mem minimpi_free_mem \
            malloc calloc realloc free posix_memalign aligned_alloc memalign valloc pvalloc \
-           malloc_usable_size rdmalloc_lookup rdmalloc_dma_read rdmalloc_dma_write rdmalloc_stats; do
+           malloc_usable_size rdmalloc_lookup rdmalloc_dma_read rdmalloc_dma_write rdmalloc_stats \
+           malloc_trim mallinfo mallinfo2 mallopt malloc_info malloc_stats; do
   grep -qx "$sym" <<<"$exports" || fail "libminimpi.so does not export $sym"
 done
-unexpected=$(grep -Ev '^(minimpi_[a-z_]+|rdmalloc_[a-z_]+|malloc|calloc|realloc|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc|malloc_usable_size|mallocx|rallocx|xallocx|sallocx|dallocx|sdallocx|nallocx|mallctl|mallctlnametomib|mallctlbymib|malloc_stats_print|malloc_message|malloc_conf|_Znw[a-zA-Z0-9_]+|_Zna[a-zA-Z0-9_]+|_Zdl[a-zA-Z0-9_]+|_Zda[a-zA-Z0-9_]+)$' <<<"$exports")
+unexpected=$(grep -Ev '^(minimpi_[a-z_]+|rdmalloc_[a-z_]+|malloc|calloc|realloc|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc|malloc_usable_size|malloc_trim|mallinfo|mallinfo2|mallopt|malloc_info|malloc_stats|mallocx|rallocx|xallocx|sallocx|dallocx|sdallocx|nallocx|mallctl|mallctlnametomib|mallctlbymib|malloc_stats_print|malloc_message|malloc_conf|_Znw[a-zA-Z0-9_]+|_Zna[a-zA-Z0-9_]+|_Zdl[a-zA-Z0-9_]+|_Zda[a-zA-Z0-9_]+)$' <<<"$exports")
 [ -z "$unexpected" ] || fail "libminimpi.so exports unexpected symbols: $(echo $unexpected)"
 # The embedded API and the C++ operators are exactly librdmalloc.so's.
 same_as_librdmalloc() {  # pattern what
