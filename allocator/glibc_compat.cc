@@ -1,9 +1,9 @@
 // glibc's own malloc entry points, answered for rdmalloc's heap: malloc_trim,
 // mallinfo2, mallinfo, mallopt, malloc_info and malloc_stats. Without them a
 // program reaches glibc's, which trim and describe glibc's heap: empty under
-// rdmalloc. Built on the public API only (rdmalloc_stats,
-// rdmalloc_dump_regions) and jemalloc's mallctl. docs/TUNING.md ("glibc's
-// malloc extras") documents every number and answer.
+// rdmalloc. Built on rdmalloc_stats, the heap's region visitor and
+// jemalloc's mallctl. docs/TUNING.md ("glibc's malloc extras") documents
+// every number and answer.
 #include <fcntl.h>
 #include <jemalloc/jemalloc.h>
 #include <malloc.h>
@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "allocator/heap.h"
 #include "allocator/init.h"
 #include "allocator/jemalloc_api.h"
 #include "allocator/rdmalloc.h"
@@ -141,64 +142,29 @@ void PutEscaped(FILE* fp, const char* s) {
 
 void PutNumber(FILE* fp, const char* name, unsigned long long v) { fprintf(fp, " %s=\"%llu\"", name, v); }
 
-// One <region> per line of rdmalloc_dump_regions: "region B-E  N KiB  used P%"
-// then "  dedicated", "  metadata" or "  class rwa", then per domain
-// "  domain D: lkey L rkey R" or "  domain D: registration failed".
-// A line in another shape is kept whole (text="...") rather than lost.
-void PutRegion(FILE* fp, const char* line) {
-  void *begin = nullptr, *end = nullptr;
-  size_t kib = 0;
-  double used = 0;
-  int consumed = 0;
-  if (sscanf(line, "region %p-%p %zu KiB used %lf%%%n", &begin, &end, &kib, &used, &consumed) < 4 ||
-      consumed == 0) {
-    fputs("<region text=\"", fp);
-    PutEscaped(fp, line);
-    fputs("\"/>\n", fp);
-    return;
-  }
-  const char* rest = line + consumed;
-  const char* kind = "plain";
-  char rights[8] = "";
-  if (strstr(rest, "  dedicated") != nullptr) kind = "dedicated";
-  if (strstr(rest, "  metadata") != nullptr) kind = "metadata";
-  if (const char* c = strstr(rest, "  class ")) {
-    kind = "class";
-    sscanf(c, "  class %7[rwa]", rights);
-  }
-  uintptr_t b = reinterpret_cast<uintptr_t>(begin), e = reinterpret_cast<uintptr_t>(end);
-  fprintf(fp, "<region begin=\"0x%lx\" end=\"0x%lx\"", static_cast<unsigned long>(b),
-          static_cast<unsigned long>(e));
-  PutNumber(fp, "size", e - b);
-  fprintf(fp, " used_percent=\"%.1f\" kind=\"%s\"", used, kind);
-  if (rights[0] != 0) fprintf(fp, " remote=\"%s\"", rights);
+// One <region> per live region, with one <registration> per domain.
+void PutRegion(const RegionInfo& r, void* ctx) {
+  FILE* fp = static_cast<FILE*>(ctx);
+  const char* kind = r.access_class == kMetadataRegions ? "metadata"
+                     : r.access_class != 0              ? "class"
+                     : r.dedicated                      ? "dedicated"
+                                                        : "plain";
+  fprintf(fp, "<region begin=\"0x%lx\" end=\"0x%lx\"", static_cast<unsigned long>(r.base),
+          static_cast<unsigned long>(r.base + r.size));
+  PutNumber(fp, "size", r.size);
+  fprintf(fp, " used_percent=\"%.1f\" kind=\"%s\"",
+          r.pages != 0 ? 100.0 * r.pages_in_use / r.pages : 0.0, kind);
+  if (r.access_class != 0 && r.access_class != kMetadataRegions)
+    fprintf(fp, " remote=\"%s\"", ClassRightsName(r.access_class));
   fputs(">\n", fp);
-  for (const char* d = strstr(rest, "  domain "); d != nullptr; d = strstr(d + 1, "  domain ")) {
-    int domain;
-    unsigned lkey, rkey;
-    if (sscanf(d, "  domain %d: lkey %u rkey %u", &domain, &lkey, &rkey) == 3) {
-      fprintf(fp, "<registration domain=\"%d\" lkey=\"%u\" rkey=\"%u\"/>\n", domain, lkey, rkey);
-    } else if (sscanf(d, "  domain %d:", &domain) == 1) {
-      fprintf(fp, "<registration domain=\"%d\" failed=\"1\"/>\n", domain);
-    }
+  for (int d = 0; d < kMaxDomains; d++) {
+    if (r.reg[d].state == RegSlot::kRegistered)
+      fprintf(fp, "<registration domain=\"%d\" lkey=\"%u\" rkey=\"%u\"/>\n", d, r.reg[d].lkey,
+              r.reg[d].rkey);
+    else if (r.reg[d].state == RegSlot::kFailed)
+      fprintf(fp, "<registration domain=\"%d\" failed=\"1\"/>\n", d);
   }
   fputs("</region>\n", fp);
-}
-
-void PutRegions(FILE* fp) {
-  char* text = nullptr;
-  size_t len = 0;
-  FILE* dump = open_memstream(&text, &len);
-  if (dump == nullptr) return;
-  rdmalloc_dump_regions(dump);
-  fclose(dump);
-  for (char* line = text; line != nullptr && *line != 0;) {
-    char* nl = strchr(line, '\n');
-    if (nl != nullptr) *nl = 0;
-    if (*line != 0) PutRegion(fp, line);
-    line = nl != nullptr ? nl + 1 : nullptr;
-  }
-  free(text);
 }
 
 }  // namespace
@@ -211,17 +177,20 @@ using rdmalloc::EnsureInitialised;
 // then releases regions that became empty and purges free pages of
 // unregistered regions; pages under a registration are never purged. `pad`
 // has no meaning here (there is no heap top to leave room at). Returns 1 if
-// the process's mapped size or resident set fell meanwhile, as measured in
-// /proc/self/statm, else 0. With release observers or the verbs backend, a
-// region emptied here is released by rdmalloc's release thread a moment
-// later; this does not wait for it.
+// the process's mapped size or resident set fell meanwhile (/proc/self/statm),
+// or if regions were handed to rdmalloc's release thread (with observers or
+// the verbs backend: they leave a moment later; this does not wait), else 0.
 RDMALLOC_EXPORT int malloc_trim(size_t pad) noexcept {
   (void)pad;
   EnsureInitialised();
   rdmalloc::Footprint before = rdmalloc::ReadFootprint();
+  struct rdmalloc_stats queued_before, queued_after;
+  rdmalloc_stats(&queued_before, sizeof queued_before);
   rdmj_mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
   rdmj_mallctl("arena." ALL_ARENAS ".purge", nullptr, nullptr, nullptr, 0);
+  rdmalloc_stats(&queued_after, sizeof queued_after);
   rdmalloc::Footprint after = rdmalloc::ReadFootprint();
+  if (queued_after.releases_deferred > queued_before.releases_deferred) return 1;
   if (before.size < 0 || after.size < 0) return 0;
   return after.size < before.size || after.resident < before.resident ? 1 : 0;
 }
@@ -289,7 +258,7 @@ RDMALLOC_EXPORT int malloc_info(int options, FILE* fp) noexcept {
 #undef RDMALLOC_PUT_H
 #undef RDMALLOC_PUT_S
 #undef RDMALLOC_PUT_DS
-  rdmalloc::PutRegions(fp);
+  rdmalloc::TheHeap().VisitRegions(rdmalloc::PutRegion, fp);
   fputs("</rdmalloc>\n</malloc>\n", fp);
   return 0;
 }

@@ -524,8 +524,10 @@ void Heap::ReleaseQueued() {
     SpinLockGuard g(pending_lock_);
     list = pending_;
     pending_ = nullptr;
-    int n = pending_count_.exchange(0, std::memory_order_relaxed);
-    releasing_.fetch_add(n);
+    // Counted as releasing before it stops counting as queued: a reader
+    // waiting for releases_pending == 0 never sees a gap.
+    releasing_.fetch_add(pending_count_.load());
+    pending_count_.store(0);
   }
   while (list != nullptr) {
     Region* r = list;
@@ -540,33 +542,47 @@ void Heap::ReleaseQueued() {
 }
 
 // Outside every lock, on the release thread: a callback may call any
-// rdmalloc_* function, malloc and free, or remove itself.
+// rdmalloc_* function, malloc and free, or remove itself. The observers are
+// copied first, so that the table may change while they run.
 void Heap::Notify(uintptr_t base, size_t len) {
-  for (Observer& o : observers_) {
-    if (o.state.load(std::memory_order_acquire) != Observer::kActive) continue;
-    rdmalloc_release_fn fn = o.fn.load(std::memory_order_relaxed);
-    fn(reinterpret_cast<void*>(base), len, o.arg.load(std::memory_order_relaxed));
+  Observer now[kMaxObservers];
+  int n = 0;
+  {
+    SpinLockGuard g(api_lock_);
+    for (const Observer& o : observers_) {
+      if (o.fn != nullptr) now[n++] = o;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    now[i].fn(reinterpret_cast<void*>(base), len, now[i].arg);
     releases_notified_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-// A removed observer's last call, fn(NULL, 0, arg): the release thread makes
-// every delivery, so this one comes after any delivery that was under way
-// when it was removed. Then the slot is free for reuse.
+// Removed observers' last calls, fn(NULL, 0, arg), in the order of removal.
+// The release thread makes every delivery, so each comes after any delivery
+// to that observer that was under way when it was removed.
 void Heap::SayGoodbyes() {
   if (goodbyes_owed_.load() == 0) return;
-  for (Observer& o : observers_) {
-    if (o.state.load(std::memory_order_acquire) != Observer::kRemoved) continue;
-    rdmalloc_release_fn fn = o.fn.load(std::memory_order_relaxed);
-    void* arg = o.arg.load(std::memory_order_relaxed);
-    fn(nullptr, 0, arg);
-    {
-      SpinLockGuard g(api_lock_);
-      o.fn.store(nullptr, std::memory_order_relaxed);
-      o.arg.store(nullptr, std::memory_order_relaxed);
-      o.state.store(Observer::kFree, std::memory_order_release);
-    }
+  Goodbye* list;
+  {
+    SpinLockGuard g(api_lock_);
+    list = goodbyes_;
+    goodbyes_ = nullptr;
+  }
+  Goodbye* fifo = nullptr;
+  while (list != nullptr) {
+    Goodbye* next = list->next;
+    list->next = fifo;
+    fifo = list;
+    list = next;
+  }
+  while (fifo != nullptr) {
+    Goodbye* g = fifo;
+    fifo = g->next;
+    g->fn(nullptr, 0, g->arg);
     goodbyes_owed_.fetch_sub(1);
+    free(g);
   }
 }
 
@@ -576,18 +592,23 @@ int Heap::AddObserver(rdmalloc_release_fn fn, void* arg) {
     SpinLockGuard g(api_lock_);
     Observer* slot = nullptr;
     for (Observer& o : observers_) {
-      int state = o.state.load();
-      if (state == Observer::kActive && o.fn.load() == fn && o.arg.load() == arg)
-        return RDMALLOC_EINVAL;  // already there
-      if (state == Observer::kFree && slot == nullptr) slot = &o;
+      if (o.fn == fn && o.arg == arg) return RDMALLOC_EINVAL;  // already there
+      if (o.fn == nullptr && slot == nullptr) slot = &o;
+    }
+    // Until its last call, a removed pair cannot come back: that call would
+    // reach the new registration.
+    for (Goodbye* b = goodbyes_; b != nullptr; b = b->next) {
+      if (b->fn == fn && b->arg == arg) {
+        errno = EBUSY;
+        return RDMALLOC_EINVAL;
+      }
     }
     if (slot == nullptr) {
       errno = ENOSPC;
       return RDMALLOC_EINVAL;
     }
-    slot->fn.store(fn, std::memory_order_relaxed);
-    slot->arg.store(arg, std::memory_order_relaxed);
-    slot->state.store(Observer::kActive, std::memory_order_release);
+    slot->fn = fn;
+    slot->arg = arg;
     observer_count_.fetch_add(1);
   }
   // A FreeExtent that read "no observers" may still purge or release without
@@ -600,17 +621,29 @@ int Heap::AddObserver(rdmalloc_release_fn fn, void* arg) {
 
 int Heap::RemoveObserver(rdmalloc_release_fn fn, void* arg) {
   if (fn == nullptr) return RDMALLOC_EINVAL;
+  auto* goodbye = static_cast<Goodbye*>(malloc(sizeof(Goodbye)));
+  if (goodbye == nullptr) {
+    errno = ENOMEM;
+    return RDMALLOC_EINVAL;
+  }
   {
     SpinLockGuard g(api_lock_);
     Observer* found = nullptr;
     for (Observer& o : observers_) {
-      if (o.state.load() == Observer::kActive && o.fn.load() == fn && o.arg.load() == arg)
-        found = &o;
+      if (o.fn == fn && o.arg == arg) found = &o;
     }
-    if (found == nullptr) return RDMALLOC_EINVAL;
-    found->state.store(Observer::kRemoved, std::memory_order_release);
-    observer_count_.fetch_sub(1);
-    goodbyes_owed_.fetch_add(1);
+    if (found != nullptr) {
+      *found = Observer{};
+      observer_count_.fetch_sub(1);
+      *goodbye = Goodbye{fn, arg, goodbyes_};
+      goodbyes_ = goodbye;
+      goodbyes_owed_.fetch_add(1);
+      goodbye = nullptr;
+    }
+  }
+  if (goodbye != nullptr) {  // not registered
+    free(goodbye);
+    return RDMALLOC_EINVAL;
   }
   AddReleaseWork();
   EnsureReleaseThread();
@@ -875,8 +908,7 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   return RDMALLOC_OK;
 }
 
-int Heap::DumpRegions(FILE* out) {
-  if (out == nullptr) return RDMALLOC_EINVAL;
+int Heap::VisitRegions(void (*visit)(const RegionInfo& info, void* ctx), void* ctx) {
   size_t used;
   {
     SpinLockGuard g(heap_lock_);
@@ -885,49 +917,57 @@ int Heap::DumpRegions(FILE* out) {
   int count = 0;
   for (size_t i = 0; i < used; i++) {
     Region* r = &pool_[i];
-    // Copy under the locks, print after: fprintf may allocate.
-    uintptr_t base;
-    size_t size, npages, in_use;
-    bool dedicated, live;
-    unsigned access_class;
-    struct {
-      uint32_t state, lkey, rkey;
-    } regs[kMaxDomains];
+    // Copy under the locks, visit after: the visitor may allocate.
+    RegionInfo info;
+    bool live;
     r->reg_lock.Lock();
     {
       SpinLockGuard g(heap_lock_);
       live = r->seq.load() & 1;
       // A descriptor that is not live may be set up by NewRegion outside the
       // heap lock right now; a live one's page map only changes under it.
-      base = live ? r->begin() : 0;
-      size = live ? r->length() : 0;
-      npages = live ? r->pages.npages() : 0;
-      in_use = live ? r->pages.used_pages() : 0;
-      dedicated = live && r->dedicated;
-      access_class = live ? r->access_class : 0;
+      if (live) {
+        info.base = r->begin();
+        info.size = r->length();
+        info.pages = r->pages.npages();
+        info.pages_in_use = r->pages.used_pages();
+        info.dedicated = r->dedicated;
+        info.access_class = r->access_class;
+      }
     }
     for (int d = 0; d < kMaxDomains; d++) {
-      regs[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
+      info.reg[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
     }
     Unlock(r);
     if (!live) continue;
-    fprintf(out, "region %p-%p %8zu KiB  used %5.1f%%%s", reinterpret_cast<void*>(base),
-            reinterpret_cast<void*>(base + size), size >> 10,
-            npages != 0 ? 100.0 * in_use / npages : 0.0, dedicated ? "  dedicated" : "");
-    if (access_class == kMetadataRegions)
-      fprintf(out, "  metadata");
-    else if (access_class != 0)
-      fprintf(out, "  class %s%s%s", (access_class & 1) ? "r" : "", (access_class & 2) ? "w" : "",
-              (access_class & 4) ? "a" : "");
-    for (int d = 0; d < kMaxDomains; d++) {
-      if (regs[d].state == RegSlot::kRegistered)
-        fprintf(out, "  domain %d: lkey %u rkey %u", d, regs[d].lkey, regs[d].rkey);
-      else if (regs[d].state == RegSlot::kFailed)
-        fprintf(out, "  domain %d: registration failed", d);
-    }
-    fputc('\n', out);
+    visit(info, ctx);
     count++;
   }
+  return count;
+}
+
+int Heap::DumpRegions(FILE* out) {
+  if (out == nullptr) return RDMALLOC_EINVAL;
+  int count = VisitRegions(
+      [](const RegionInfo& r, void* ctx) {
+        FILE* out = static_cast<FILE*>(ctx);
+        fprintf(out, "region %p-%p %8zu KiB  used %5.1f%%%s", reinterpret_cast<void*>(r.base),
+                reinterpret_cast<void*>(r.base + r.size), r.size >> 10,
+                r.pages != 0 ? 100.0 * r.pages_in_use / r.pages : 0.0,
+                r.dedicated ? "  dedicated" : "");
+        if (r.access_class == kMetadataRegions)
+          fprintf(out, "  metadata");
+        else if (r.access_class != 0)
+          fprintf(out, "  class %s", ClassRightsName(r.access_class));
+        for (int d = 0; d < kMaxDomains; d++) {
+          if (r.reg[d].state == RegSlot::kRegistered)
+            fprintf(out, "  domain %d: lkey %u rkey %u", d, r.reg[d].lkey, r.reg[d].rkey);
+          else if (r.reg[d].state == RegSlot::kFailed)
+            fprintf(out, "  domain %d: registration failed", d);
+        }
+        fputc('\n', out);
+      },
+      out);
   fflush(out);
   return count;
 }

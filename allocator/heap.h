@@ -40,6 +40,23 @@ constexpr int ClassRights(unsigned access_class) {
          ((access_class & 4) ? kAccessRemoteAtomic : 0);
 }
 
+// "r", "w", "a" or a combination: the remote rights of an access class.
+inline const char* ClassRightsName(unsigned access_class) {
+  static const char* const kNames[kAccessClasses] = {"", "r", "w", "rw", "a", "ra", "wa", "rwa"};
+  return access_class < kAccessClasses ? kNames[access_class] : "?";
+}
+
+// One live region as VisitRegions sees it.
+struct RegionInfo {
+  uintptr_t base = 0;
+  size_t size = 0, pages = 0, pages_in_use = 0;
+  bool dedicated = false;
+  unsigned access_class = 0;  // kMetadataRegions for jemalloc's metadata
+  struct {
+    uint32_t state, lkey, rkey;  // RegSlot::state
+  } reg[kMaxDomains] = {};
+};
+
 class Heap {
  public:
   static constexpr unsigned kStripes = 64;  // lookup counters, one cache line each
@@ -90,6 +107,9 @@ class Heap {
   // child has none). API context only: pthread_create allocates.
   void EnsureReleaseThread();
   int DumpRegions(FILE* out);
+  // Calls visit once per live region, outside every lock (it may allocate).
+  // Returns the number of regions visited.
+  int VisitRegions(void (*visit)(const RegionInfo& info, void* ctx), void* ctx);
   // RDMALLOC_VERBOSE logging: one line on stderr, built on the stack and
   // written with write(2), so it is safe in hook context.
   void Log(int level, const char* format, ...) const __attribute__((format(printf, 3, 4)));
@@ -107,13 +127,17 @@ class Heap {
     std::atomic<int> state{kFree};
     std::atomic<int> access{0};  // rights of the plain heap under this domain
   };
-  // kActive: notified. kRemoved: removed, owed its last call fn(NULL, 0, arg)
-  // from the release thread, after any delivery under way; then kFree.
+  // An observer slot (free while fn is nullptr); guarded by api_lock_.
   struct Observer {
-    enum : int { kFree = 0, kActive = 1, kRemoved = 2 };
-    std::atomic<int> state{kFree};
-    std::atomic<rdmalloc_release_fn> fn{nullptr};
-    std::atomic<void*> arg{nullptr};
+    rdmalloc_release_fn fn = nullptr;
+    void* arg = nullptr;
+  };
+  // A removed observer, owed its last call fn(NULL, 0, arg) by the release
+  // thread. Allocated by RemoveObserver (API context), freed after the call.
+  struct Goodbye {
+    rdmalloc_release_fn fn;
+    void* arg;
+    Goodbye* next;
   };
   // Lookup counters of one thread (or a few, past kStripes threads), on a
   // cache line of their own. Bumped with a plain load and store: exact while
@@ -202,10 +226,11 @@ class Heap {
   std::atomic<int> pending_count_{0};
   std::atomic<int> releasing_{0};     // taken off pending_, not yet unmapped
   std::atomic<int> release_work_{0};  // the release thread's futex word: work was added
-  std::atomic<int> goodbyes_owed_{0};
 
   Observer observers_[kMaxObservers];
-  std::atomic<int> observer_count_{0};  // kActive slots
+  Goodbye* goodbyes_ = nullptr;         // api_lock_
+  std::atomic<int> goodbyes_owed_{0};   // entries in goodbyes_
+  std::atomic<int> observer_count_{0};  // slots in use
   std::atomic<int> hook_busy_{0};  // FreeExtent calls under way (purge or release decided)
   std::atomic<bool> release_thread_{false};
 

@@ -97,14 +97,16 @@ void *rdmalloc_aligned_alloc(size_t alignment, size_t size, unsigned flags);
  * take its own cache's lock while other threads call rdmalloc_lookup holding
  * that lock, and it may call any rdmalloc_* function, malloc and free, or
  * remove itself. Up to 8 observers; returns 0, RDMALLOC_EINVAL (fn NULL,
- * table full (errno ENOSPC), or the pair registered already). */
+ * table full (errno ENOSPC), the pair registered already, or removed and
+ * still owed its last call (errno EBUSY)). */
 typedef void (*rdmalloc_release_fn)(void *addr, size_t len, void *arg);
 int rdmalloc_on_release(rdmalloc_release_fn fn, void *arg);
 /* Stops notifications to (fn, arg), without waiting: a call of fn already
  * under way may still finish after this returns. Then, on the release thread,
  * fn(NULL, 0, arg) is called once: the last call, after every other; from
  * then on fn is never called for this registration, so that is where arg may
- * be freed. Returns 0, or RDMALLOC_EINVAL if the pair is not registered. */
+ * be freed. Returns 0, or RDMALLOC_EINVAL if the pair is not registered
+ * (or, errno ENOMEM, if the note of the last call cannot be allocated). */
 int rdmalloc_on_release_remove(rdmalloc_release_fn fn, void *arg);
 
 /* "verbs", "uring" or "none". */
