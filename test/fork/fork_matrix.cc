@@ -45,6 +45,10 @@
 //   RESULT NA reason=...      (the workload needs rdmalloc's API)    (exit 5)
 // --expect, --expect-bg and --expect-backend make a run under the wrong
 // preload, MALLOC_CONF or backend fail instead of testing something else.
+// --inject=FAULT puts a fault in at fork 3, for the harness's negative
+// controls: fork-hang (an atfork handler that never returns), child-hang,
+// worker-hang (a worker stuck in "malloc"), child-fails (exit 34),
+// lost-bytes (a worker's live block corrupted).
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -187,8 +191,18 @@ struct Options {
   std::string expect;        // allocator the run must have ("" = any)
   int expect_bg = -1;        // background_thread must be 0/1 (-1: not checked)
   std::string expect_backend;
+  int inject = 0;  // a fault at fork kInjectAt: the harness's negative controls
 };
 Options opt;
+
+// Negative controls: each must end the run as the matching hang or failure.
+enum Inject { kNoFault, kForkHang, kChildHang, kWorkerHang, kChildFails, kLostBytes };
+const char* const kInjectNames[] = {"none",        "fork-hang",   "child-hang",
+                                    "worker-hang", "child-fails", "lost-bytes"};
+constexpr int kInjectAt = 3;
+
+std::atomic<int> g_fork_no{0};  // the fork under way (1-based)
+bool Injected(Inject what) { return opt.inject == what && g_fork_no.load() >= kInjectAt; }
 
 [[noreturn]] void Usage(const char* why) {
   fprintf(stderr,
@@ -197,7 +211,8 @@ Options opt;
           "         --child=allocate|threads|exec [--forks=N] [--threads=N]\n"
           "         [--fork-timeout=S] [--child-timeout=S] [--stall-timeout=S] [--deadline=S]\n"
           "         [--max-seconds=S]\n"
-          "         [--expect=rdmalloc|jemalloc] [--expect-bg=0|1] [--expect-backend=NAME]\n",
+          "         [--expect=rdmalloc|jemalloc] [--expect-bg=0|1] [--expect-backend=NAME]\n"
+          "         [--inject=fork-hang|child-hang|worker-hang|child-fails|lost-bytes]\n",
           why);
   exit(kExitUsage);
 }
@@ -241,6 +256,8 @@ void ParseOptions(int argc, char** argv) {
       opt.expect_bg = atoi(v);
     else if (key == "expect-backend")
       opt.expect_backend = v;
+    else if (key == "inject")
+      opt.inject = Pick(v, kInjectNames, "fault");
     else
       Usage((std::string("unknown option --") + key).c_str());
   }
@@ -666,6 +683,9 @@ int AllocFromThreads(uint64_t seed, int nthreads) {
   alarm(static_cast<unsigned>(opt.child_timeout) + 5);
   uint64_t seed = 1000003ULL * static_cast<uint64_t>(fork_no);
   int rc = CheckParentBuffers();
+  if (Injected(kChildHang))
+    for (;;) pause();
+  if (Injected(kChildFails)) rc = Said(kChildBadBytes, "injected fault: fork", fork_no);
   if (rc == kChildOk && opt.workload == kObservers && opt.child != kExec) {
     // The parent's observer, inherited, hears of a release in the child
     // (rdmalloc_stats completes the releases queued before it).
@@ -805,7 +825,19 @@ void ChurnBody(Worker* w) {
   constexpr int kSlots = 32;
   Block slots[kSlots];
   int pct_large = (opt.workload == kPurge || opt.workload == kObservers) ? 60 : 30;
+  bool corrupted = false;
   while (!g_stop.load(std::memory_order_relaxed) && !w->failed.load(std::memory_order_relaxed)) {
+    if (w->index == 0 && Injected(kWorkerHang)) {
+      w->Begin(kOpMalloc);
+      for (;;) SleepMs(1000);
+    }
+    if (w->index == 0 && !corrupted && Injected(kLostBytes)) {
+      for (Block& b : slots)
+        if (b.p != nullptr && !corrupted) {
+          static_cast<uint8_t*>(b.p)[0] ^= 0xff;
+          corrupted = true;
+        }
+    }
     Block& b = slots[rng.Below(kSlots)];
     if (b.p != nullptr) {
       w->Begin(kOpCheck);
@@ -989,7 +1021,6 @@ const char* const kPhaseNames[] = {"setting up",
 
 std::atomic<int> g_phase{kSetup};
 std::atomic<int64_t> g_phase_ns{0};
-std::atomic<int> g_fork_no{0};
 std::atomic<pid_t> g_child{0};
 std::atomic<bool> g_child_killed{false};
 std::atomic<int64_t> g_child_killed_after_ns{0};
@@ -1217,6 +1248,13 @@ int ParentMain() {
   g_start_ns = NowNs();
   SetPhase(kSetup);
   PrepareGdb();
+  if (opt.inject == kForkHang)
+    pthread_atfork(
+        [] {
+          if (Injected(kForkHang))
+            for (;;) pause();
+        },
+        nullptr, nullptr);
   if (opt.workload == kObservers) {
     pthread_atfork(nullptr, nullptr, ObserverAfterForkChild);
     if (api.on_release(OnRelease, &g_observer) != 0) {

@@ -155,6 +155,52 @@ def parse_result(cell, rc, out, timed_out):
         cell.text = f"FAIL at fork {fields.get('fork', '?')} ({short})"
 
 
+def run_program(cmd, env, timeout):
+    """Runs cmd in a process group of its own; returns (rc, output, timed out, seconds)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True, errors="replace")
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    # Children of a hung run are in its process group: none may outlive it.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.returncode, out, timed_out, time.monotonic() - t0
+
+
+# Negative controls: a fault put in at fork 3 (fork_matrix --inject) under
+# stock jemalloc must end as this status, with this in its reason; otherwise
+# the harness would miss that kind of failure.
+CONTROLS = [
+    ("fork-hang", "HANG", "main thread in fork()"),
+    ("child-hang", "HANG", "child did not exit"),
+    ("worker-hang", "HANG", "worker churn0 stuck in malloc"),
+    ("child-fails", "FAIL", "child exit code 34"),
+    ("lost-bytes", "FAIL", "lost its bytes"),
+]
+
+
+def run_control(control, args, libs):
+    fault, status, reason = control
+    cell = Cell("off", "plain", "allocate", "jemalloc")
+    cmd = [args.program, "--workload=plain", "--child=allocate", "--forks=6", "--expect=jemalloc",
+           "--fork-timeout=1", "--child-timeout=1", "--stall-timeout=1", "--deadline=20",
+           f"--inject={fault}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    env["LD_PRELOAD"] = libs["jemalloc"]
+    rc, out, timed_out, cell.seconds = run_program(cmd, env, 60)
+    parse_result(cell, rc, out, timed_out)
+    cell.output = out
+    return fault, cell, cell.status == status and reason in cell.detail
+
+
 def run_cell(cell, args, profile, libs, logdir):
     forks, budget = profile.plan(cell.bg, cell.workload, cell.child)
     forks = max(1, int(forks * args.scale))
@@ -183,24 +229,9 @@ def run_cell(cell, args, profile, libs, logdir):
     # The program's watchdog reports hangs; this outer limit is for a hang it
     # cannot report (the watchdog itself stuck).
     outer = budget + 6 * profile.fork_timeout + 2 * profile.child_timeout + 60
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True, errors="replace")
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=outer)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    # Children of a hung run are in its process group: none may outlive it.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    cell.seconds = time.monotonic() - t0
+    rc, out, timed_out, cell.seconds = run_program(cmd, env, outer)
     cell.output = out
-    parse_result(cell, proc.returncode, out, timed_out)
+    parse_result(cell, rc, out, timed_out)
     if logdir:
         cell.log = os.path.join(logdir, cell.name.replace(" ", "_").replace("=", "-") + ".log")
         with open(cell.log, "w") as f:
@@ -256,6 +287,14 @@ def main():
           f"worker op {profile.fork_timeout} s", flush=True)
 
     t0 = time.monotonic()
+    missed = []
+    if profile.name == "host":
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(CONTROLS)) as pool:
+            for fault, c, caught in pool.map(lambda k: run_control(k, args, libs), CONTROLS):
+                print(f"  negative control {fault}: {c.text}: "
+                      f"{'caught' if caught else 'MISSED: ' + c.detail}", flush=True)
+                if not caught:
+                    missed.append((fault, c))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(run_cell, c, args, profile, libs, logdir) for c in cells]
         for f in concurrent.futures.as_completed(futures):
@@ -303,8 +342,16 @@ def main():
             json.dump([{"cell": c.name, "status": c.status, "text": c.text,
                         "detail": c.detail, "forks_done": c.forks_done, "forks": c.forks,
                         "seconds": round(c.seconds, 2)} for c in cells], f, indent=1)
+    for fault, c in missed:
+        print(f"\n=== negative control {fault} missed: {c.text}: {c.detail}")
+        for l in c.output.splitlines()[:30]:
+            print("    " + l)
+    if missed:
+        print(f"\nFAILED: the harness missed {len(missed)} injected fault(s): " +
+              ", ".join(f for f, _ in missed))
     if bad:
         print(f"\nFAILED: {len(bad)} cell(s): " + "; ".join(f"{c.name}: {c.text}" for c in bad))
+    if missed or bad:
         return 1
     print("all cells passed")
     return 0
