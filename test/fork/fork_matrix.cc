@@ -25,8 +25,10 @@
 //   allocate   malloc/calloc/realloc/free a mix (plus the workload's own kind
 //              of allocation), check the bytes and the parent's buffers
 //   threads    the same from 3 threads started in the child, joined
-//   exec       execve this program with --exec-child (it allocates from 2
-//              threads), check its exit status
+//   exec       execve this program with --exec-child: a fresh process that
+//              allocates from 2 threads and, as they start, forks 2
+//              grandchildren that allocate (forks inside rdmalloc's lazy
+//              set-up: first regions, class arenas); check its exit status
 // A child that did all its work exits kChildOk (33); any other status fails.
 //
 // It catches hangs itself: a watchdog thread (no malloc, no stdio) reports a
@@ -97,6 +99,7 @@ constexpr int kChildApiFailed = 39;
 constexpr int kChildWrongAllocator = 40;
 constexpr int kChildNotNotified = 41;
 constexpr int kChildNotOurs = 42;
+constexpr int kChildGrandchildFailed = 43;
 
 const char* ChildCodeName(int code) {
   switch (code) {
@@ -118,6 +121,8 @@ const char* ChildCodeName(int code) {
       return "exec'd program has another allocator";
     case kChildNotNotified:
       return "the inherited release observer missed a release in the child";
+    case kChildGrandchildFailed:
+      return "a grandchild (forked by the exec'd program as its threads start) failed";
     case kChildNotOurs:
       return "a malloc'd block is not rdmalloc heap (RDMALLOC_ENOTOURS)";
     default:
@@ -655,7 +660,26 @@ void* ChildThreadMain(void* arg) {
   return nullptr;
 }
 
-int AllocFromThreads(uint64_t seed, int nthreads) {
+// A fork while the process's threads start allocating, in a fresh process:
+// forks land in rdmalloc's lazy set-up (the first region, class arenas,
+// domains), which a long-running parent went through before its first fork.
+int ForkGrandchild(uint64_t seed) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(static_cast<unsigned>(opt.child_timeout) + 5);  // alarms are not inherited
+    _exit(AllocWork(seed, 50, opt.workload));
+  }
+  if (pid < 0) return Said(kChildGrandchildFailed, "fork: errno", errno);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kChildOk) return kChildOk;
+  return Said(kChildGrandchildFailed, "grandchild: exit code, signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+int AllocFromThreads(uint64_t seed, int nthreads, int grandchildren = 0) {
   ChildThread t[4];
   int rc = kChildOk;
   int started = 0;
@@ -667,7 +691,9 @@ int AllocFromThreads(uint64_t seed, int nthreads) {
     }
     started++;
   }
-  int own = AllocWork(seed, 100, opt.workload);
+  int own = kChildOk;
+  for (int g = 0; g < grandchildren && own == kChildOk; g++) own = ForkGrandchild(seed * 31 + g);
+  if (own == kChildOk) own = AllocWork(seed, 100, opt.workload);
   for (int i = 0; i < started; i++) {
     if (pthread_join(t[i].tid, nullptr) != 0)
       rc = Said(kChildThreadFailed, "pthread_join: thread", i);
@@ -715,6 +741,7 @@ int AllocFromThreads(uint64_t seed, int nthreads) {
       args.push_back(strdup(("--workload=" + std::string(kWorkloadNames[opt.workload])).c_str()));
       args.push_back(strdup(("--expect=" + std::string(api.allocator)).c_str()));
       args.push_back(strdup(("--seed=" + std::to_string(seed)).c_str()));
+      args.push_back(strdup(("--child-timeout=" + std::to_string(opt.child_timeout)).c_str()));
       args.push_back(nullptr);
       execve("/proc/self/exe", args.data(), environ);
       rc = Said(kChildExecFailed, "execve /proc/self/exe: errno", errno);
@@ -737,10 +764,12 @@ int ExecChildMain(int argc, char** argv) {
       expect = argv[i] + 9;
     else if (strncmp(argv[i], "--seed=", 7) == 0)
       seed = strtoull(argv[i] + 7, nullptr, 10);
+    else if (strncmp(argv[i], "--child-timeout=", 16) == 0)
+      opt.child_timeout = atof(argv[i] + 16);
   }
   if (strcmp(expect, api.allocator) != 0) return Said(kChildWrongAllocator, api.allocator);
   opt.workload = w;
-  return AllocFromThreads(seed, 2);
+  return AllocFromThreads(seed, 2, 2);
 }
 
 // ------------------------------------------------------------ the parent's worker threads
@@ -1062,6 +1091,25 @@ void GdbStacks(int64_t pid) {
   waitpid(gdb, &status, 0);
 }
 
+// The threads (and with FORK_MATRIX_GDB=1 the stacks) of pid's children, an
+// exec'd child's grandchildren, which then are killed.
+void DumpAndKillChildren(int64_t pid) {
+  Line p;
+  p << "/proc/" << pid << "/task/" << pid << "/children";
+  p.buf[p.n] = '\0';
+  char list[256];
+  if (ReadSmall(p.buf, list, sizeof list) == 0) return;
+  for (char* q = list; *q != '\0';) {
+    int64_t g = 0;
+    while (*q >= '0' && *q <= '9') g = g * 10 + (*q++ - '0');
+    while (*q == ' ') q++;
+    if (g <= 0) break;
+    DumpThreads(g, "grandchild");
+    GdbStacks(g);
+    kill(static_cast<pid_t>(g), SIGKILL);
+  }
+}
+
 // Reports a hang of the parent and exits: what got stuck (a worker, or null
 // for the main thread), the main thread's phase, the fork number, every
 // thread's state.
@@ -1085,6 +1133,7 @@ void GdbStacks(int64_t pid) {
   DumpThreads(getpid(), "parent");
   pid_t c = g_child.load();
   if (c > 0) DumpThreads(c, "child");
+  if (c > 0) DumpAndKillChildren(c);
   GdbStacks(getpid());
   if (c > 0) kill(c, SIGKILL);
   l << "fork_matrix: RESULT HANG fork=" << f << " forks_done=" << (f > 0 ? f - 1 : 0)
@@ -1119,6 +1168,7 @@ void* WatchdogMain(void*) {
         l.Write();
         DumpThreads(c, "child");
         GdbStacks(c);
+        DumpAndKillChildren(c);
         g_child_killed_after_ns.store(in_phase);
         g_child_killed.store(true);
         kill(c, SIGKILL);
