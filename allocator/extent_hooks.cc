@@ -2,9 +2,13 @@
 
 #include <jemalloc/jemalloc.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/types.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "allocator/arena_control.h"
 #include "allocator/fork.h"
@@ -129,6 +133,37 @@ bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t si
 extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
                           PurgeLazy, PurgeForced, Split,   Merge};
 
+// jemalloc starts its first background thread (MALLOC_CONF background_thread)
+// at the end of its own initialisation, before rdmalloc's hooks exist; the C
+// library's pthread_create then mallocs (the thread's TLS), and arena 0 would
+// serve that, and every later block of the same size class, from a slab made
+// with jemalloc's default hooks: memory outside rdmalloc's heap. jemalloc
+// finds pthread_create with dlsym(RTLD_NEXT), falling back to the symbol; both
+// are renamed (third_party/jemalloc_renames.txt) and land here: until the
+// hooks are installed the thread is noted, and started by InstallExtentHooks
+// as jemalloc would (all signals blocked, no attributes).
+struct DeferredThread {
+  pthread_t* thread;
+  void* (*start)(void*);
+  void* arg;
+};
+constexpr int kMaxDeferredThreads = 4;
+DeferredThread g_deferred[kMaxDeferredThreads];
+int g_deferred_count = 0;
+std::atomic<bool> g_hooks_installed{false};
+
+void StartDeferredThreads() {
+  for (int i = 0; i < g_deferred_count; i++) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(g_deferred[i].thread, nullptr, g_deferred[i].start, g_deferred[i].arg);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (err != 0) TheHeap().Log(0, "cannot start jemalloc's background thread (errno %d)", err);
+  }
+  g_deferred_count = 0;
+}
+
 }  // namespace
 
 unsigned ClassArena(unsigned access_class) {
@@ -160,6 +195,8 @@ void InstallExtentHooks() {
     snprintf(name, sizeof name, "arena.%u.extent_hooks", i);
     rdmj_mallctl(name, nullptr, nullptr, &ours, sizeof ours);
   }
+  g_hooks_installed.store(true, std::memory_order_release);
+  StartDeferredThreads();
   // From here on every control path goes through the guard.
   InitArenaControl(&g_hooks, g_default);
   ForkHandlers fork;
@@ -192,4 +229,21 @@ void SetDirtyDecay(long ms) {
 extern "C" {
 __attribute__((visibility("hidden"))) extern const char* malloc_conf_2_conf_harder;
 const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
+}
+
+extern "C" int rdmj_pthread_create(pthread_t* thread, const pthread_attr_t* attr,
+                                   void* (*start)(void*), void* arg) {
+  using rdmalloc::g_deferred;
+  if (!rdmalloc::g_hooks_installed.load(std::memory_order_acquire) && attr == nullptr &&
+      rdmalloc::g_deferred_count < rdmalloc::kMaxDeferredThreads) {
+    g_deferred[rdmalloc::g_deferred_count++] = {thread, start, arg};
+    return 0;
+  }
+  return pthread_create(thread, attr, start, arg);
+}
+
+// jemalloc's only dlsym: dlsym(RTLD_NEXT, "pthread_create").
+extern "C" void* rdmj_dlsym(void* handle, const char* name) {
+  if (strcmp(name, "pthread_create") == 0) return reinterpret_cast<void*>(&rdmj_pthread_create);
+  return dlsym(handle, name);
 }

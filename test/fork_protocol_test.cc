@@ -1,5 +1,6 @@
 // The fork protocol (allocator/fork.h): one handler takes every lock, rdmalloc's
-// and jemalloc's, in the one lock order. Two programs that used to hang in
+// and jemalloc's, in the one lock order. Also here, since this process runs
+// with jemalloc's background threads: every block still comes from the heap. Two programs that used to hang in
 // fork: jemalloc's background threads decaying into rdmalloc's hooks, and a
 // thread making and destroying arenas. The process runs with background
 // threads and fast decay (BUILD: MALLOC_CONF); a hang ends at the alarm with
@@ -69,6 +70,25 @@ int ForkWhile(int forks, int threads, Churn churn) {
   for (std::thread& w : workers) w.join();
   alarm(0);
   return done;
+}
+
+// jemalloc starts its first background thread while it initialises, before
+// rdmalloc's hooks exist; the thread's TLS then came from a slab outside the
+// heap, and so did most later blocks of that size class (320 bytes here).
+TEST(BackgroundThreads, EveryBlockOfEverySmallClassLiesInTheHeap) {
+  for (size_t size = 8; size <= 16384; size += size < 512 ? 8 : 256) {
+    std::vector<void*> blocks;
+    int not_ours = 0;
+    for (int i = 0; i < 64; i++) {
+      void* p = malloc(size);
+      ASSERT_NE(p, nullptr);
+      rdmalloc_keys k;
+      not_ours += rdmalloc_lookup(p, size, nullptr, &k) != RDMALLOC_OK;
+      blocks.push_back(p);
+    }
+    EXPECT_EQ(not_ours, 0) << "of 64 blocks of " << size << " bytes";
+    for (void* p : blocks) free(p);
+  }
 }
 
 TEST(ForkProtocol, BackgroundThreadsRunningInsideTheHooks) {
