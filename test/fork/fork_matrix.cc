@@ -490,6 +490,7 @@ struct Observer {
 Observer g_observer;
 
 void OnRelease(void* addr, size_t len, void* arg) {
+  if (addr == nullptr) return;  // the last call after removal: g_observer is static
   auto* o = static_cast<Observer*>(arg);
   pthread_mutex_lock(&o->mu);
   auto* rec = static_cast<uintptr_t*>(malloc(2 * sizeof(uintptr_t)));
@@ -713,11 +714,19 @@ int AllocFromThreads(uint64_t seed, int nthreads, int grandchildren = 0) {
     for (;;) pause();
   if (Injected(kChildFails)) rc = Said(kChildBadBytes, "injected fault: fork", fork_no);
   if (rc == kChildOk && opt.workload == kObservers && opt.child != kExec) {
-    // The parent's observer, inherited, hears of a release in the child
-    // (rdmalloc_stats completes the releases queued before it).
+    // The parent's observer, inherited, hears of a release in the child, from
+    // the child's release thread (started again by its first malloc); no
+    // rdmalloc call waits for it, so poll until releases_pending is 0.
     uint64_t before = g_observer.calls.load();
     struct rdmalloc_stats st;
-    if (!ReleaseOwnRegion(seed) || api.stats(&st, sizeof st) != 0)
+    bool settled = false;
+    bool ok = ReleaseOwnRegion(seed);
+    for (int i = 0; ok && !settled && i < 1000 * opt.child_timeout; i++) {
+      ok = api.stats(&st, sizeof st) == 0;
+      settled = ok && st.releases_pending == 0 && g_observer.calls.load() != before;
+      if (!settled) usleep(1000);
+    }
+    if (!ok)
       rc = Said(kChildApiFailed, "40 MiB block or rdmalloc_stats");
     else if (g_observer.calls.load() == before)
       rc = Said(kChildNotNotified, "observer calls before and after", before,
