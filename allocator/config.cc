@@ -4,24 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "allocator/options.h"
+
 namespace rdmalloc {
 namespace {
-
-constexpr const char* kKnownVariables[] = {
-    "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",      "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
-    "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",      "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
-    "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
-};
-
-struct AccessName {
-  const char* name;
-  int bit;
-};
-constexpr AccessName kAccessNames[] = {
-    {"local_write", kAccessLocalWrite},     {"remote_write", kAccessRemoteWrite},
-    {"remote_read", kAccessRemoteRead},     {"remote_atomic", kAccessRemoteAtomic},
-    {"relaxed_ordering", kAccessRelaxedOrdering},
-};
 
 // Copies a value for display: one line whatever it holds.
 void Shown(const char* value, char* out, size_t cap) {
@@ -31,13 +17,18 @@ void Shown(const char* value, char* out, size_t cap) {
   out[n] = '\0';
 }
 
-void Warn(WarnFn warn, const char* name, const char* value, const char* accepted,
-          const char* used) {
+void Warn(WarnFn warn, const Option& o, const char* value) {
+  char words[128];
+  const char* accepted = o.values.accepted;
+  if (accepted == nullptr) {
+    JoinOptionWords(o.values, "|", words, sizeof words);
+    accepted = words;
+  }
   char shown[320];
   Shown(value, shown, sizeof shown);
   char line[640];
-  snprintf(line, sizeof line, "rdmalloc: %s=\"%s\" is not valid (accepted: %s); using %s", name,
-           shown, accepted, used);
+  snprintf(line, sizeof line, "rdmalloc: %s=\"%s\" is not valid (accepted: %s); using %s", o.name,
+           shown, accepted, o.used);
   warn(line);
 }
 
@@ -48,33 +39,64 @@ bool CopyString(const char* s, char* out, size_t cap) {
   return true;
 }
 
-template <typename T>
-struct Choice {
-  const char* text;
-  T value;
-};
-
-// A variable whose value is one of a few words. Returns whether it was set.
-template <typename T, size_t N>
-bool ParseChoice(EnvFn env, WarnFn warn, const char* name, const Choice<T> (&choices)[N],
-                 const char* accepted, T* out) {
-  const char* v = env(name);
-  if (v == nullptr) return false;
-  for (const Choice<T>& c : choices) {
-    if (strcmp(v, c.text) == 0) {
-      *out = c.value;
-      return true;
-    }
+const OptionWord* FindWord(const OptionValues& values, const char* s, size_t len) {
+  for (size_t i = 0; i < values.word_count; i++) {
+    const OptionWord& w = values.words[i];
+    if (strlen(w.text) == len && strncmp(w.text, s, len) == 0) return &w;
   }
-  Warn(warn, name, v, accepted, choices[0].text);
-  return false;
+  return nullptr;
 }
 
-void ParseStringVar(EnvFn env, WarnFn warn, const char* name, char* out, size_t cap,
-                    const char* accepted, const char* used) {
-  if (const char* v = env(name)) {
-    if (!CopyString(v, out, cap)) Warn(warn, name, v, accepted, used);
+// A comma list of `values`' words, their values or'ed; no empty item.
+bool ParseWordList(const OptionValues& values, const char* s, long long* out) {
+  long long bits = 0;
+  while (true) {
+    const char* end = strchr(s, ',');
+    size_t len = end != nullptr ? static_cast<size_t>(end - s) : strlen(s);
+    const OptionWord* w = FindWord(values, s, len);
+    if (w == nullptr) return false;
+    bits |= w->value;
+    if (end == nullptr) break;
+    s = end + 1;
   }
+  *out = bits;
+  return true;
+}
+
+// One setting's value into its Config member. False, leaving it alone, if
+// the value is not one the setting accepts.
+bool ParseOption(const Option& o, const char* v, Config* c) {
+  const OptionValues& values = o.values;
+  long long value = 0;
+  switch (values.kind) {
+    case OptionKind::kChoice:
+    case OptionKind::kSize: {
+      if (const OptionWord* w = FindWord(values, v, strlen(v))) {
+        value = w->value;
+        break;
+      }
+      size_t s = 0;
+      if (values.kind == OptionKind::kChoice || !ParseSize(v, &s) || s < values.size_min ||
+          s > values.size_max)
+        return false;
+      value = static_cast<long long>((s + values.size_round - 1) & ~(values.size_round - 1));
+      break;
+    }
+    case OptionKind::kText:
+      return CopyString(v, o.field.text(c), o.field.text_cap);
+    case OptionKind::kInteger: {
+      char* end = nullptr;
+      long n = strtol(v, &end, 10);
+      if (end == v || *end != '\0' || n < values.int_min || n > values.int_max) return false;
+      value = n;
+      break;
+    }
+    case OptionKind::kWordList:
+      if (!ParseWordList(values, v, &value)) return false;
+      break;
+  }
+  o.field.store(c, value);
+  return true;
 }
 
 }  // namespace
@@ -103,31 +125,30 @@ bool ParseSize(const char* s, size_t* out) {
 }
 
 bool ParseAccess(const char* s, int* out) {
-  int bits = 0;
-  while (true) {
-    const char* end = strchr(s, ',');
-    size_t len = end != nullptr ? static_cast<size_t>(end - s) : strlen(s);
-    bool known = false;
-    for (const AccessName& a : kAccessNames) {
-      if (strlen(a.name) == len && strncmp(a.name, s, len) == 0) {
-        bits |= a.bit;
-        known = true;
-      }
-    }
-    if (!known) return false;
-    if (end == nullptr) break;
-    s = end + 1;
-  }
-  *out = bits;
+  constexpr size_t kAccess = OptionIndex("RDMALLOC_ACCESS");
+  static_assert(kAccess < kOptionCount, "RDMALLOC_ACCESS is in kOptions");
+  long long bits = 0;
+  if (!ParseWordList(kOptions[kAccess].values, s, &bits)) return false;
+  *out = static_cast<int>(bits);
   return true;
 }
 
 void FormatAccess(int bits, char* out, size_t cap) {
   size_t n = 0;
   out[0] = '\0';
-  for (const AccessName& a : kAccessNames) {
-    if (!(bits & a.bit)) continue;
-    int m = snprintf(out + n, cap - n, "%s%s", n != 0 ? "," : "", a.name);
+  for (const OptionWord& a : kAccessWords) {
+    if (!(bits & a.value)) continue;
+    int m = snprintf(out + n, cap - n, "%s%s", n != 0 ? "," : "", a.text);
+    if (m < 0 || static_cast<size_t>(m) >= cap - n) break;
+    n += static_cast<size_t>(m);
+  }
+}
+
+void JoinOptionWords(const OptionValues& values, const char* sep, char* out, size_t cap) {
+  size_t n = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < values.word_count; i++) {
+    int m = snprintf(out + n, cap - n, "%s%s", i != 0 ? sep : "", values.words[i].text);
     if (m < 0 || static_cast<size_t>(m) >= cap - n) break;
     n += static_cast<size_t>(m);
   }
@@ -135,73 +156,16 @@ void FormatAccess(int bits, char* out, size_t cap) {
 
 Config ParseConfig(EnvFn env, WarnFn warn) {
   Config c;
-  static constexpr Choice<BackendChoice> kBackends[] = {{"auto", BackendChoice::kAuto},
-                                                         {"verbs", BackendChoice::kVerbs},
-                                                         {"uring", BackendChoice::kUring},
-                                                         {"none", BackendChoice::kNone}};
-  ParseChoice(env, warn, "RDMALLOC_BACKEND", kBackends, "auto|verbs|uring|none", &c.backend);
-  ParseStringVar(env, warn, "RDMALLOC_DEVICE", c.device, sizeof c.device,
-                 "a device name of 1 to 63 characters", "the first device");
-  ParseStringVar(env, warn, "RDMALLOC_VERBS_LIBRARY", c.verbs_library, sizeof c.verbs_library,
-                 "a path of 1 to 255 characters", "libibverbs.so.1");
-  if (const char* v = env("RDMALLOC_REGION_SIZE")) {
-    size_t s = 0;
-    if (!ParseSize(v, &s) || s < kMinRegionSize || s > kMaxRegionSize) {
-      Warn(warn, "RDMALLOC_REGION_SIZE", v, "a size from 2M to 64G, suffix K/M/G", "32M");
-    } else {
-      // Regions are whole 2 MiB chunks.
-      c.region_size = (s + kMinRegionSize - 1) & ~(kMinRegionSize - 1);
-    }
+  bool set[kOptionCount] = {};  // a valid value was used
+  for (size_t i = 0; i < kOptionCount; i++) {
+    const char* v = env(kOptions[i].name);
+    if (v == nullptr) continue;
+    set[i] = ParseOption(kOptions[i], v, &c);
+    if (!set[i]) Warn(warn, kOptions[i], v);
   }
-  static constexpr Choice<RegisterMode> kModes[] = {{"lazy", RegisterMode::kLazy},
-                                                     {"eager", RegisterMode::kEager}};
-  ParseChoice(env, warn, "RDMALLOC_REGISTER", kModes, "lazy|eager", &c.register_mode);
-  if (const char* v = env("RDMALLOC_ACCESS")) {
-    if (!ParseAccess(v, &c.access))
-      Warn(warn, "RDMALLOC_ACCESS", v,
-           "a comma list of local_write,remote_read,remote_write,remote_atomic,relaxed_ordering",
-           "local_write");
-  }
-  if (const char* v = env("RDMALLOC_MAX_PINNED")) {
-    if (strcmp(v, "unlimited") != 0 && !ParseSize(v, &c.max_pinned))
-      Warn(warn, "RDMALLOC_MAX_PINNED", v, "a size with suffix K/M/G, or unlimited", "unlimited");
-  }
-  if (const char* v = env("RDMALLOC_DECAY_MS")) {
-    char* end = nullptr;
-    long ms = strtol(v, &end, 10);
-    if (end == v || *end != '\0' || ms < -1 || ms > kMaxDecayMs) {
-      Warn(warn, "RDMALLOC_DECAY_MS", v, "-1 (never) or 0 to 86400000", "jemalloc's dirty_decay_ms");
-    } else {
-      c.decay_ms = ms;
-    }
-  }
-  static constexpr Choice<StatsMode> kStats[] = {
-      {"0", StatsMode::kOff}, {"1", StatsMode::kText}, {"json", StatsMode::kJson}};
-  bool stats_set = ParseChoice(env, warn, "RDMALLOC_STATS", kStats, "0|1|json", &c.stats);
-  ParseStringVar(env, warn, "RDMALLOC_STATS_FILE", c.stats_file, sizeof c.stats_file,
-                 "a path of 1 to 255 characters", "stderr");
-  static constexpr Choice<int> kVerbose[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
-  ParseChoice(env, warn, "RDMALLOC_VERBOSE", kVerbose, "0|1|2|3", &c.verbose);
-  if (const char* v = env("RDMALLOC_NOTIFY")) {
-    static constexpr Choice<int> kCaches[] = {{"ucx", kNotifyUcx}, {"libfabric", kNotifyLibfabric}};
-    int bits = 0;
-    bool ok = *v != '\0';
-    for (const char* s = v; ok;) {
-      const char* end = strchr(s, ',');
-      size_t len = end != nullptr ? static_cast<size_t>(end - s) : strlen(s);
-      int bit = 0;
-      for (const Choice<int>& k : kCaches)
-        if (strlen(k.text) == len && strncmp(k.text, s, len) == 0) bit = k.value;
-      ok = bit != 0;
-      bits |= bit;
-      if (end == nullptr) break;
-      s = end + 1;
-    }
-    if (ok)
-      c.notify = bits;
-    else
-      Warn(warn, "RDMALLOC_NOTIFY", v, "a comma list of ucx,libfabric", "none");
-  }
+  constexpr size_t kStats = OptionIndex("RDMALLOC_STATS");
+  static_assert(kStats < kOptionCount, "RDMALLOC_STATS is in kOptions");
+  bool stats_set = set[kStats];
 
   // Contradictions: one line each, naming what is used instead.
   char line[640];
@@ -238,7 +202,7 @@ void WarnUnknownVariables(const char* const* envp, WarnFn warn) {
     const char* eq = strchr(e, '=');
     size_t len = eq != nullptr ? static_cast<size_t>(eq - e) : strlen(e);
     bool known = false;
-    for (const char* k : kKnownVariables) known |= strlen(k) == len && strncmp(k, e, len) == 0;
+    for (const Option& o : kOptions) known |= strlen(o.name) == len && strncmp(o.name, e, len) == 0;
     if (known) continue;
     char name[128];
     Shown(e, name, len + 1 < sizeof name ? len + 1 : sizeof name);

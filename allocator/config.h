@@ -1,6 +1,8 @@
 // RDMALLOC_* settings, read once while malloc initialises: no allocation, and
-// every bad value is reported in one line and replaced by the default.
-// docs/TUNING.md is the reference for every variable.
+// every bad value is reported in one line and replaced by the default. Each
+// setting is defined once, in allocator/options.h's table, which drives the
+// parser and from which docs/TUNING.md's table and `rdmalloc-run --help` are
+// generated.
 #ifndef RDMALLOC_ALLOCATOR_CONFIG_H_
 #define RDMALLOC_ALLOCATOR_CONFIG_H_
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "allocator/options.h"
+
 namespace rdmalloc {
 namespace {
 
@@ -416,6 +418,87 @@ TEST(ParseSizeTest, RejectsOverflow) {
     size_t out = 12345;
     EXPECT_FALSE(ParseSize(s, &out));
     EXPECT_EQ(out, 12345u);
+  }
+}
+
+
+// --- The table (allocator/options.h) drives the parser and the known names.
+
+TEST_F(ConfigTest, AsksForExactlyTheTablesVariables) {
+  Parse();
+  std::set<std::string> want;
+  for (const Option& o : kOptions) want.insert(o.name);
+  EXPECT_EQ(g_asked, want);
+  EXPECT_EQ(want.size(), kOptionCount) << "a name twice in the table";
+}
+
+TEST(UnknownVariables, EveryTableNameIsKnown) {
+  static std::vector<std::string> lines;
+  lines.clear();
+  std::vector<std::string> entries;
+  for (const Option& o : kOptions) {
+    entries.push_back(std::string(o.name) + "=x");
+    entries.push_back(std::string(o.name) + "X=x");  // a typo of each
+  }
+  std::vector<const char*> envp;
+  for (const std::string& e : entries) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
+  WarnUnknownVariables(envp.data(), [](const char* l) { lines.emplace_back(l); });
+  ASSERT_EQ(lines.size(), kOptionCount);
+  for (size_t i = 0; i < kOptionCount; i++)
+    EXPECT_EQ(lines[i], std::string("rdmalloc: ") + kOptions[i].name +
+                            "X is not an rdmalloc variable (see docs/TUNING.md); ignoring it");
+}
+
+// The whole line for an empty value of every variable, as config.cc wrote
+// them before the table: the table keeps every warning text.
+TEST_F(ConfigTest, WarningTextsOfAnEmptyValue) {
+  const std::pair<const char*, const char*> want[] = {
+      {"RDMALLOC_BACKEND", "(accepted: auto|verbs|uring|none); using auto"},
+      {"RDMALLOC_DEVICE", "(accepted: a device name of 1 to 63 characters); using the first device"},
+      {"RDMALLOC_VERBS_LIBRARY", "(accepted: a path of 1 to 255 characters); using libibverbs.so.1"},
+      {"RDMALLOC_REGION_SIZE", "(accepted: a size from 2M to 64G, suffix K/M/G); using 32M"},
+      {"RDMALLOC_REGISTER", "(accepted: lazy|eager); using lazy"},
+      {"RDMALLOC_ACCESS",
+       "(accepted: a comma list of "
+       "local_write,remote_read,remote_write,remote_atomic,relaxed_ordering); using local_write"},
+      {"RDMALLOC_MAX_PINNED", "(accepted: a size with suffix K/M/G, or unlimited); using unlimited"},
+      {"RDMALLOC_DECAY_MS", "(accepted: -1 (never) or 0 to 86400000); using jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_STATS", "(accepted: 0|1|json); using 0"},
+      {"RDMALLOC_STATS_FILE", "(accepted: a path of 1 to 255 characters); using stderr"},
+      {"RDMALLOC_VERBOSE", "(accepted: 0|1|2|3); using 0"},
+      {"RDMALLOC_NOTIFY", "(accepted: a comma list of ucx,libfabric); using none"},
+  };
+  ASSERT_EQ(sizeof want / sizeof want[0], kOptionCount);
+  for (const auto& [var, rest] : want) {
+    SCOPED_TRACE(var);
+    SetUp();
+    g_env[var] = "";
+    ExpectSameConfig(Parse(), Config{});
+    ASSERT_EQ(g_warnings.size(), 1u);
+    EXPECT_EQ(g_warnings[0], std::string("rdmalloc: ") + var + "=\"\" is not valid " + rest);
+  }
+}
+
+// Each word of a choice or a list is taken, and is named in the doc's
+// "accepted" column; Config{} holds each default (also a static_assert).
+TEST_F(ConfigTest, TableWordsAreAcceptedAndDocumented) {
+  const Config defaults;
+  for (const Option& o : kOptions) {
+    SCOPED_TRACE(o.name);
+    if (o.field.load != nullptr) {
+      EXPECT_EQ(o.field.load(&defaults), o.default_value);
+    }
+    for (size_t i = 0; i < o.values.word_count; i++) {
+      const OptionWord& w = o.values.words[i];
+      SCOPED_TRACE(w.text);
+      EXPECT_NE(std::string(o.doc_accepted).find(std::string("`") + w.text + "`"), std::string::npos);
+      SetUp();
+      g_env[o.name] = w.text;
+      Config c = Parse();
+      EXPECT_TRUE(g_warnings.empty()) << g_warnings.front();
+      EXPECT_EQ(o.field.load(&c), w.value);
+    }
   }
 }
 

@@ -8,7 +8,8 @@ prefix="$tmp/prefix"
 rm -rf "$prefix"
 "$install_bin" --prefix="$prefix"
 
-for f in lib/librdmalloc.so.0 lib/librdmalloc.a include/rdmalloc.h bin/rdmalloc-run lib/pkgconfig/rdmalloc.pc; do
+for f in lib/librdmalloc.so.0 lib/librdmalloc.a include/rdmalloc.h bin/rdmalloc-run \
+         libexec/rdmalloc/rdmalloc_options lib/pkgconfig/rdmalloc.pc; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
 done
 [ "$(readlink "$prefix/lib/librdmalloc.so")" == "librdmalloc.so.0" ] || { echo "FAIL: librdmalloc.so link"; exit 1; }
@@ -51,6 +52,15 @@ if nm -D "$tmp/prog" | grep -q ' U malloc'; then
   readelf -d "$tmp/prog" | grep -q 'librdmalloc.so.0' || { echo "FAIL: prog does not need librdmalloc.so.0"; exit 1; }
 fi
 
-report=$("$prefix/bin/rdmalloc-run" --stats=json -- /bin/true 2>&1 >/dev/null)
+# The installed launcher on its own: without this test's runfiles tree to
+# fall back on, it must find the installed library and settings helper.
+installed_run() { env -u RUNFILES_DIR -u RUNFILES_MANIFEST_FILE "$prefix/bin/rdmalloc-run" "$@"; }
+preload=$(installed_run -- printenv LD_PRELOAD 2>/dev/null)
+[ "${preload%%:*}" == "$(cd "$prefix/lib" && pwd)/librdmalloc.so" ] ||
+  { echo "FAIL: the installed launcher preloads '$preload', not the installed library"; exit 1; }
+help=$(installed_run --help)
+grep -q -- '--region-size=SIZE  (RDMALLOC_REGION_SIZE)' <<<"$help" ||
+  { echo "FAIL: the installed launcher's --help does not list the settings: $help"; exit 1; }
+report=$(installed_run --stats=json -- /bin/true 2>&1 >/dev/null)
 python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert r["backend"]=="uring", r' "$report"
 echo "install checks passed"

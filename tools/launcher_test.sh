@@ -8,8 +8,18 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-"$run" --help | grep -q '^usage: rdmalloc-run' || fail "--help"
+help=$("$run" --help) || fail "--help exit status"
+grep -q '^usage: rdmalloc-run' <<<"$help" || fail "--help"
 "$run" --bogus -- /bin/true 2>/dev/null; [ $? -eq 2 ] || fail "unknown option must exit 2"
+"$run" --bogus=1 -- /bin/true 2>/dev/null; [ $? -eq 2 ] || fail "unknown setting must exit 2"
+# --help lists every setting (from allocator/options.h) as --name=VALUE, and
+# the launcher takes each of them: it sets the variable, whatever the value.
+flags=$(sed -n 's/^  --\([a-z-]*\)=.*  (\(RDMALLOC_[A-Z_]*\))$/\1 \2/p' <<<"$help")
+[ "$(wc -l <<<"$flags")" -ge 12 ] || fail "--help lists $(wc -l <<<"$flags") settings: $help"
+while read -r flag var; do
+  out=$("$run" --stats=0 "--$flag=$tmp/a=b" -- printenv "$var" 2>/dev/null)
+  [ "$out" == "$tmp/a=b" ] || fail "--$flag=$tmp/a=b set $var to '$out'"
+done <<<"$flags"
 
 out=$("$run" -- python3 -c 'print(sum(range(10)))' 2>"$tmp/err")
 [ "$out" == "45" ] || fail "program output under rdmalloc-run: $out"

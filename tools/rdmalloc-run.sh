@@ -1,46 +1,58 @@
 #!/bin/bash
 # rdmalloc-run [options] [--] COMMAND [ARGS...]
 # Runs COMMAND with rdmalloc preloaded and the chosen settings, and shows
-# rdmalloc's report when it exits. Options set the RDMALLOC_* variables
-# (docs/TUNING.md); variables already in the environment pass through.
+# rdmalloc's report when it exits. --NAME=VALUE sets RDMALLOC_NAME=VALUE for
+# every setting of allocator/options.h (docs/TUNING.md), which
+# rdmalloc_options lists (and prints for --help); variables already in the
+# environment pass through.
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
 usage: rdmalloc-run [options] [--] COMMAND [ARGS...]
-  --backend=auto|verbs|uring|none   --device=NAME        --register=lazy|eager
-  --region-size=SIZE                --access=LIST        --max-pinned=SIZE|unlimited
-  --decay-ms=MS                     --stats=1|json|0     --stats-file=PATH
-  --verbose=0|1|2|3                 --notify=ucx,libfabric   --help
-The report goes to stderr (or --stats-file) when COMMAND exits; --stats=1 is the default.
+Runs COMMAND with rdmalloc preloaded and shows rdmalloc's report when it exits:
+on stderr, or in --stats-file; --stats=1 is the default here. Each
+--NAME=VALUE sets RDMALLOC_NAME=VALUE; variables already in the environment
+pass through. --help prints this.
 USAGE
 }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-lib=""
-for candidate in "${RUNFILES_DIR:-$0.runfiles}/rdmalloc/allocator/librdmalloc.so" \
-                 "$here/../lib/librdmalloc.so" "$here/../allocator/librdmalloc.so"; do
-  if [ -f "$candidate" ]; then lib="$(cd "$(dirname "$candidate")" && pwd)/librdmalloc.so"; break; fi
-done
-[ -n "$lib" ] || { echo "rdmalloc-run: cannot find librdmalloc.so" >&2; exit 127; }
+runfiles="${RUNFILES_DIR:-$0.runfiles}/rdmalloc"
+# In order: bazel run/test (runfiles), an installed tree, bazel-bin itself.
+find_file() {  # NAME RUNFILES_PATH INSTALLED_PATH BAZEL_BIN_PATH
+  local candidate
+  for candidate in "$runfiles/$2" "$here/$3" "$here/$4"; do
+    if [ -f "$candidate" ]; then echo "$(cd "$(dirname "$candidate")" && pwd)/$(basename "$candidate")"; return; fi
+  done
+  echo "rdmalloc-run: cannot find $1" >&2
+  exit 127
+}
+lib="$(find_file librdmalloc.so allocator/librdmalloc.so ../lib/librdmalloc.so ../allocator/librdmalloc.so)"
+# The settings, from their one table (allocator/options.h): looked for only
+# when an option or --help needs them.
+options=""
+known=""
+find_options() {
+  if [ -z "$options" ]; then
+    options="$(find_file rdmalloc_options tools/rdmalloc_options ../libexec/rdmalloc/rdmalloc_options rdmalloc_options)"
+  fi
+}
 
 export RDMALLOC_STATS="${RDMALLOC_STATS:-1}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --) shift; break ;;
-    --help|-h) usage; exit 0 ;;
-    --backend=*) export RDMALLOC_BACKEND="${1#*=}" ;;
-    --device=*) export RDMALLOC_DEVICE="${1#*=}" ;;
-    --register=*) export RDMALLOC_REGISTER="${1#*=}" ;;
-    --region-size=*) export RDMALLOC_REGION_SIZE="${1#*=}" ;;
-    --access=*) export RDMALLOC_ACCESS="${1#*=}" ;;
-    --max-pinned=*) export RDMALLOC_MAX_PINNED="${1#*=}" ;;
-    --decay-ms=*) export RDMALLOC_DECAY_MS="${1#*=}" ;;
-    --stats=*) export RDMALLOC_STATS="${1#*=}" ;;
-    --stats-file=*) export RDMALLOC_STATS_FILE="${1#*=}" ;;
-    --verbose=*) export RDMALLOC_VERBOSE="${1#*=}" ;;
-    --notify=*) export RDMALLOC_NOTIFY="${1#*=}" ;;
-    -*) echo "rdmalloc-run: unknown option $1" >&2; usage >&2; exit 2 ;;
+    --help|-h) find_options; usage; "$options" --text; exit 0 ;;
+    --?*=*)
+      # --region-size=64M sets RDMALLOC_REGION_SIZE=64M
+      name="${1%%=*}"; name="${name#--}"; name="RDMALLOC_$(tr 'a-z-' 'A-Z_' <<<"$name")"
+      if [ -z "$known" ]; then find_options; known="$("$options" --names)"; fi
+      if ! grep -qx -- "$name" <<<"$known"; then
+        echo "rdmalloc-run: unknown option ${1%%=*} (rdmalloc-run --help lists them)" >&2; exit 2
+      fi
+      export "$name=${1#*=}" ;;
+    -*) echo "rdmalloc-run: unknown option $1 (rdmalloc-run --help lists them)" >&2; exit 2 ;;
     *) break ;;
   esac
   shift
