@@ -9,66 +9,63 @@
 
 int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen);
 
-static void print_bool(const char *name) {
-  bool v;
-  size_t n = sizeof(v);
-  if (mallctl(name, &v, &n, NULL, 0) == 0) printf("%s=%s\n", name, v ? "true" : "false");
-  else printf("%s=(unavailable)\n", name);
-}
+enum kind { BOOL, STR, SIZE, SSIZE, UNSIGNED };
 
-static void print_str(const char *name) {
-  const char *v;
-  size_t n = sizeof(v);
-  if (mallctl(name, &v, &n, NULL, 0) == 0) printf("%s=%s\n", name, v ? v : "(null)");
-  else printf("%s=(unavailable)\n", name);
-}
-
-static void print_size(const char *name) {
-  size_t v;
-  size_t n = sizeof(v);
-  if (mallctl(name, &v, &n, NULL, 0) == 0) printf("%s=%zu\n", name, v);
-  else printf("%s=(unavailable)\n", name);
-}
-
-static void print_ssize(const char *name) {
-  ssize_t v;
-  size_t n = sizeof(v);
-  if (mallctl(name, &v, &n, NULL, 0) == 0) printf("%s=%zd\n", name, v);
-  else printf("%s=(unavailable)\n", name);
-}
-
-static void print_unsigned(const char *name) {
-  unsigned v;
-  size_t n = sizeof(v);
-  if (mallctl(name, &v, &n, NULL, 0) == 0) printf("%s=%u\n", name, v);
-  else printf("%s=(unavailable)\n", name);
-}
+static const struct {
+  const char *name;
+  enum kind kind;
+} kNames[] = {
+    {"version", STR},
+    {"config.cache_oblivious", BOOL},
+    {"config.debug", BOOL},
+    {"config.fill", BOOL},
+    {"config.lazy_lock", BOOL},
+    {"config.malloc_conf", STR},
+    {"config.opt_safety_checks", BOOL},
+    {"config.prof", BOOL},
+    {"config.prof_libgcc", BOOL},
+    {"config.prof_libunwind", BOOL},
+    {"config.stats", BOOL},
+    {"config.utrace", BOOL},
+    {"config.xmalloc", BOOL},
+    {"arenas.page", SIZE},
+    {"arenas.quantum", SIZE},
+    {"arenas.nbins", UNSIGNED},
+    {"arenas.nlextents", UNSIGNED},
+    {"opt.retain", BOOL},
+    {"opt.oversize_threshold", SIZE},
+    {"opt.dirty_decay_ms", SSIZE},
+    {"opt.muzzy_decay_ms", SSIZE},
+    {"opt.background_thread", BOOL},
+    {"opt.tcache", BOOL},
+    {"opt.metadata_thp", STR},
+    {"opt.thp", STR},
+};
 
 int main(void) {
-  print_str("version");
-  print_bool("config.cache_oblivious");
-  print_bool("config.debug");
-  print_bool("config.fill");
-  print_bool("config.lazy_lock");
-  print_str("config.malloc_conf");
-  print_bool("config.opt_safety_checks");
-  print_bool("config.prof");
-  print_bool("config.prof_libgcc");
-  print_bool("config.prof_libunwind");
-  print_bool("config.stats");
-  print_bool("config.utrace");
-  print_bool("config.xmalloc");
-  print_size("arenas.page");
-  print_size("arenas.quantum");
-  print_unsigned("arenas.nbins");
-  print_unsigned("arenas.nlextents");
-  print_bool("opt.retain");
-  print_size("opt.oversize_threshold");
-  print_ssize("opt.dirty_decay_ms");
-  print_ssize("opt.muzzy_decay_ms");
-  print_bool("opt.background_thread");
-  print_bool("opt.tcache");
-  print_str("opt.metadata_thp");
-  print_str("opt.thp");
+  for (size_t i = 0; i < sizeof(kNames) / sizeof(kNames[0]); i++) {
+    const char *name = kNames[i].name;
+    union {
+      bool b;
+      const char *s;
+      size_t z;
+      ssize_t sz;
+      unsigned u;
+    } v;
+    static const size_t sizes[] = {sizeof(bool), sizeof(char *), sizeof(size_t), sizeof(ssize_t),
+                                   sizeof(unsigned)};
+    size_t n = sizes[kNames[i].kind];
+    if (mallctl(name, &v, &n, NULL, 0) != 0) {
+      printf("%s=(unavailable)\n", name);
+      continue;
+    }
+    switch (kNames[i].kind) {
+      case BOOL: printf("%s=%s\n", name, v.b ? "true" : "false"); break;
+      case STR: printf("%s=%s\n", name, v.s ? v.s : "(null)"); break;
+      case SIZE: printf("%s=%zu\n", name, v.z); break;
+      case SSIZE: printf("%s=%zd\n", name, v.sz); break;
+      case UNSIGNED: printf("%s=%u\n", name, v.u); break;
+    }
+  }
   return 0;
 }
