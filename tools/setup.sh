@@ -8,7 +8,7 @@ apt-get update -q
 # test/suites builds jemalloc's own integration tests from Debian's source
 # package (apt-get source jemalloc), which needs deb-src entries. Add them,
 # once, for the Debian archive the binary packages come from.
-if [ -z "$(apt-get indextargets --format '$(SITE)' 'Created-By: Sources')" ]; then
+if [ -z "$(apt-get indextargets --format '$(SITE)' 'Created-By: Sources' 'Origin: Debian')" ]; then
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   opts=""
   [ -f "$keyring" ] && opts="[signed-by=$keyring] "
