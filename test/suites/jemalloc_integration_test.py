@@ -119,6 +119,7 @@ def main():
     tests = build["tests"].split()
     harness = [os.path.join(work, h) for h in build["harness"].split()]
     print(f"jemalloc {build['version']} from Debian's source package, configure {build['configure']}")
+    print(f"work directory (programs, logs): {work}")
     print(f"{len(tests)} integration programs (jemalloc's Makefile): {' '.join(t.split('/', 2)[-1] for t in tests)}")
 
     # The two libraries, each in a directory of its own (rpath).

@@ -272,7 +272,7 @@ def main():
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--allocators", default="glibc,jemalloc,rdmalloc")
     ap.add_argument("--jobs", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=float(os.environ.get("SUITES_BUDGET", 840)))
+    ap.add_argument("--budget", type=float, default=840)
     ap.add_argument("--no-gdb", action="store_true")
     # For python_suites_selftest.sh: another suite directory, shorter timeouts.
     ap.add_argument("--testdir")
