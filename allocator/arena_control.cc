@@ -16,12 +16,6 @@ namespace {
 constexpr unsigned kMaxArenas = 4096;
 constexpr size_t kMaxMib = 8;
 
-// jemalloc's arena_config_t (experimental.arenas_create_ext), 5.3.
-struct ArenaConfig {
-  extent_hooks_t* extent_hooks;
-  bool metadata_use_hooks;
-};
-
 // A control node as jemalloc numbers it. Nodes under arena.<i> match any i.
 struct Mib {
   size_t v[kMaxMib] = {};
@@ -32,6 +26,7 @@ Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset;
 constexpr size_t kArenaIndex = 1;  // arena.<i>.leaf
 
 extent_hooks_t* g_ours = nullptr;
+unsigned g_automatic_arenas = 0;  // opt.narenas: arenas 0..n-1
 extent_hooks_t* g_defaults = nullptr;
 std::atomic<bool> g_internal[kMaxArenas];
 
@@ -88,11 +83,17 @@ int Guarded(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void*
     memcpy(&config, newp, sizeof config);
     if (config.extent_hooks == nullptr || config.extent_hooks == g_defaults)
       config.extent_hooks = g_ours;
+    // Metadata stays off rdmalloc's regions, as for every arena of rdmalloc's.
+    if (config.extent_hooks == g_ours) config.metadata_use_hooks = false;
     return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, &config, sizeof config);
   }
   if (Is(g_hooks_of, mib, miblen) && newp != nullptr) {
+    // Automatic arenas are rdmalloc's whether jemalloc made them yet or not
+    // (writing the hooks of one not made yet would make it with the caller's).
     size_t arena = mib[kArenaIndex];
-    if (arena < kMaxArenas && HooksOf(static_cast<unsigned>(arena)) == g_ours) return EPERM;
+    if (arena < g_automatic_arenas ||
+        (arena < kMaxArenas && HooksOf(static_cast<unsigned>(arena)) == g_ours))
+      return EPERM;
   }
   if ((Is(g_destroy, mib, miblen) || Is(g_reset, mib, miblen)) && Internal(mib[kArenaIndex]))
     return EPERM;
@@ -109,6 +110,8 @@ bool Watched(const size_t* mib, size_t miblen) {
 void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults) {
   g_ours = ours;
   g_defaults = defaults;
+  size_t len = sizeof g_automatic_arenas;
+  rdmj_mallctl("opt.narenas", &g_automatic_arenas, &len, nullptr, 0);
   NameToMib("arenas.create", &g_create);
   NameToMib("experimental.arenas_create_ext", &g_create_ext);
   NameToMib("arena.0.extent_hooks", &g_hooks_of, /*per_arena=*/true);

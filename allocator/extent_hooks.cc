@@ -2,13 +2,9 @@
 
 #include <jemalloc/jemalloc.h>
 
-#include <dlfcn.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/types.h>
 
 #include <cstdio>
-#include <cstring>
 
 #include "allocator/arena_control.h"
 #include "allocator/fork.h"
@@ -29,29 +25,19 @@ std::atomic<uint8_t> g_arena_class[kMaxArenas];
 std::atomic<unsigned> g_class_arena[kAccessClasses];
 SpinLock g_class_lock{LockRank::kClassArenas};
 
-// jemalloc's base allocator maps each arena's metadata (the arena itself,
-// extent descriptors) through that arena's hooks, always as whole huge pages
-// with huge-page alignment. Data extents never look like that: a large
-// allocation carries a one-page pad (jemalloc's cache-oblivious layout, a
-// build option that Debian's jemalloc has on; test/access_class_test checks
-// that aligned large extents are not taken for metadata).
-// Metadata gets regions of its own that are never registered: no peer's rkey
-// covers allocator state, and a lookup of a neighbouring buffer cannot pin
-// metadata, which is never freed, for good.
-unsigned ClassForExtent(unsigned arena_ind, size_t size, size_t alignment) {
-  if (alignment == kChunkSize && size % kChunkSize == 0) return kMetadataRegions;
+unsigned ClassOfArena(unsigned arena_ind) {
   if (arena_ind >= kMaxArenas) return 0;
   return g_arena_class[arena_ind].load(std::memory_order_acquire);
 }
 
-// jemalloc's own hooks: they still own the few extents it mapped while it
-// initialised, before ours were installed.
-extent_hooks_t* g_default = nullptr;
+// jemalloc's own hooks: for memory that is not in a region of ours (made when
+// no region could be).
+extent_hooks_t* const g_default = const_cast<extent_hooks_t*>(&je_ehooks_default_extent_hooks);
 
 void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool* zero,
             bool* commit, unsigned arena_ind) {
   HookScope in_jemalloc;
-  unsigned c = ClassForExtent(arena_ind, size, alignment);
+  unsigned c = ClassOfArena(arena_ind);
   TheHeap().Log(3, "extent alloc %zu bytes, alignment %zu, arena %u: access class %u", size,
                 alignment, arena_ind, c);
   if (void* p = TheHeap().AllocExtent(c, new_addr, size, alignment, zero)) {
@@ -60,7 +46,7 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
   }
   if (new_addr != nullptr) return nullptr;  // growth in place is just not possible here
   // Class memory must be registered with its rights, or not exist.
-  if (c != 0 && c != kMetadataRegions) return nullptr;
+  if (c != 0) return nullptr;
   // No region could be made (address space or descriptors exhausted): hand out
   // unregistered memory rather than fail the allocation. Lookups report it.
   void* p = g_default->alloc(g_default, nullptr, size, alignment, zero, commit, arena_ind);
@@ -133,37 +119,6 @@ bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t si
 extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
                           PurgeLazy, PurgeForced, Split,   Merge};
 
-// jemalloc starts its first background thread (MALLOC_CONF background_thread)
-// at the end of its own initialisation, before rdmalloc's hooks exist; the C
-// library's pthread_create then mallocs (the thread's TLS), and arena 0 would
-// serve that, and every later block of the same size class, from a slab made
-// with jemalloc's default hooks: memory outside rdmalloc's heap. jemalloc
-// finds pthread_create with dlsym(RTLD_NEXT), falling back to the symbol; both
-// are renamed (third_party/jemalloc_renames.txt) and land here: until the
-// hooks are installed the thread is noted, and started by InstallExtentHooks
-// as jemalloc would (all signals blocked, no attributes).
-struct DeferredThread {
-  pthread_t* thread;
-  void* (*start)(void*);
-  void* arg;
-};
-constexpr int kMaxDeferredThreads = 4;
-DeferredThread g_deferred[kMaxDeferredThreads];
-int g_deferred_count = 0;
-std::atomic<bool> g_hooks_installed{false};
-
-void StartDeferredThreads() {
-  for (int i = 0; i < g_deferred_count; i++) {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int err = pthread_create(g_deferred[i].thread, nullptr, g_deferred[i].start, g_deferred[i].arg);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (err != 0) TheHeap().Log(0, "cannot start jemalloc's background thread (errno %d)", err);
-  }
-  g_deferred_count = 0;
-}
-
 }  // namespace
 
 unsigned ClassArena(unsigned access_class) {
@@ -182,21 +137,12 @@ unsigned ClassArena(unsigned access_class) {
 }
 
 void InstallExtentHooks() {
-  size_t len = sizeof g_default;
-  rdmj_mallctl("arena.0.extent_hooks", &g_default, &len, nullptr, 0);
-  unsigned narenas = 0;
-  len = sizeof narenas;
-  rdmj_mallctl("arenas.narenas", &narenas, &len, nullptr, 0);
-  extent_hooks_t* ours = &g_hooks;
-  for (unsigned i = 0; i < narenas; i++) {
-    // For arenas 1.. this creates them now, with our hooks, before any thread
-    // can be given one with jemalloc's defaults.
-    char name[64];
-    snprintf(name, sizeof name, "arena.%u.extent_hooks", i);
-    rdmj_mallctl(name, nullptr, nullptr, &ours, sizeof ours);
-  }
-  g_hooks_installed.store(true, std::memory_order_release);
-  StartDeferredThreads();
+  // Every arena, arena 0 included, was made with rdmj_arena_config (below):
+  // this call (jemalloc's first, if malloc has not run yet) only checks that.
+  extent_hooks_t* arena0 = nullptr;
+  size_t len = sizeof arena0;
+  if (rdmj_mallctl("arena.0.extent_hooks", &arena0, &len, nullptr, 0) != 0 || arena0 != &g_hooks)
+    TheHeap().Log(0, "arena 0 does not run on rdmalloc's hooks: its memory is not registered");
   // From here on every control path goes through the guard.
   InitArenaControl(&g_hooks, g_default);
   ForkHandlers fork;
@@ -221,6 +167,28 @@ void SetDirtyDecay(long ms) {
 
 }  // namespace rdmalloc
 
+// What jemalloc makes every arena with (its arena_config_default, as its
+// users see it: third_party/import_jemalloc.sh): rdmalloc's hooks, so that no
+// arena, lazily made automatic arenas included, ever serves memory from
+// outside the heap; and the arenas' own metadata (arena structs, extent
+// descriptors) off the hooks, mapped by jemalloc itself: no key ever covers
+// allocator state, and metadata, never freed, never keeps a region.
+extern "C" {
+extern const ArenaConfig rdmj_arena_config;
+const ArenaConfig rdmj_arena_config = {&rdmalloc::g_hooks, false};
+
+// Arena 0 takes its hooks from base 0, which jemalloc's base_boot makes with
+// jemalloc's own: jemalloc's start-up calls this instead, which gives base 0's
+// data extents rdmalloc's hooks before jemalloc maps its first extent (its
+// metadata stays on jemalloc's).
+bool rdmj_base_boot(void* tsdn);
+bool rdmj_base_boot(void* tsdn) {
+  if (je_base_boot(tsdn)) return true;
+  je_base_extent_hooks_set(je_b0get(), &rdmalloc::g_hooks);
+  return false;
+}
+}
+
 // Applied after MALLOC_CONF, so the user cannot undo what the design needs:
 // retain:false makes jemalloc give every unused extent back through dalloc
 // (rdmalloc's heap then does the retaining, registration-aware);
@@ -229,21 +197,4 @@ void SetDirtyDecay(long ms) {
 extern "C" {
 __attribute__((visibility("hidden"))) extern const char* malloc_conf_2_conf_harder;
 const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
-}
-
-extern "C" int rdmj_pthread_create(pthread_t* thread, const pthread_attr_t* attr,
-                                   void* (*start)(void*), void* arg) {
-  using rdmalloc::g_deferred;
-  if (!rdmalloc::g_hooks_installed.load(std::memory_order_acquire) && attr == nullptr &&
-      rdmalloc::g_deferred_count < rdmalloc::kMaxDeferredThreads) {
-    g_deferred[rdmalloc::g_deferred_count++] = {thread, start, arg};
-    return 0;
-  }
-  return pthread_create(thread, attr, start, arg);
-}
-
-// jemalloc's only dlsym: dlsym(RTLD_NEXT, "pthread_create").
-extern "C" void* rdmj_dlsym(void* handle, const char* name) {
-  if (strcmp(name, "pthread_create") == 0) return reinterpret_cast<void*>(&rdmj_pthread_create);
-  return dlsym(handle, name);
 }

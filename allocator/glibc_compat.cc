@@ -145,16 +145,13 @@ void PutNumber(FILE* fp, const char* name, unsigned long long v) { fprintf(fp, "
 // One <region> per live region, with one <registration> per domain.
 void PutRegion(const RegionInfo& r, void* ctx) {
   FILE* fp = static_cast<FILE*>(ctx);
-  const char* kind = r.access_class == kMetadataRegions ? "metadata"
-                     : r.access_class != 0              ? "class"
-                     : r.dedicated                      ? "dedicated"
-                                                        : "plain";
+  const char* kind = r.access_class != 0 ? "class" : r.dedicated ? "dedicated" : "plain";
   fprintf(fp, "<region begin=\"0x%lx\" end=\"0x%lx\"", static_cast<unsigned long>(r.base),
           static_cast<unsigned long>(r.base + r.size));
   PutNumber(fp, "size", r.size);
   fprintf(fp, " used_percent=\"%.1f\" kind=\"%s\"",
           r.pages != 0 ? 100.0 * r.pages_in_use / r.pages : 0.0, kind);
-  if (r.access_class != 0 && r.access_class != kMetadataRegions)
+  if (r.access_class != 0)
     fprintf(fp, " remote=\"%s\"", ClassRightsName(r.access_class));
   fputs(">\n", fp);
   for (int d = 0; d < kMaxDomains; d++) {

@@ -322,7 +322,7 @@ Region* Heap::NewRegion(size_t size, size_t alignment, unsigned access_class) {
   // Eager registration, in hook context: TryLock only (hook context never
   // waits on reg_lock). It fails only while a scan of every region (a pd
   // added or removed, a dump) holds it; the first lookup registers then.
-  if (config_.register_mode == RegisterMode::kEager && access_class != kMetadataRegions &&
+  if (config_.register_mode == RegisterMode::kEager &&
       backend_ready_.load(std::memory_order_acquire) && r->reg_lock.TryLock()) {
     for (int d = 0; d < kMaxDomains; d++) {
       if (domains_[d].state.load() == DomainSlot::kOpen &&
@@ -706,7 +706,7 @@ void Heap::RegisterAllLive(int d) {
   }
   for (size_t i = 0; i < used; i++) {
     Region* r = &pool_[i];
-    if (!(r->seq.load() & 1) || r->access_class == kMetadataRegions) continue;
+    if (!(r->seq.load() & 1)) continue;
     r->reg_lock.Lock();
     if ((r->seq.load() & 1) && r->reg[d].state.load() != RegSlot::kRegistered) RegisterLocked(r, d);
     Unlock(r);
@@ -723,10 +723,6 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   r->reg_lock.Lock();
   if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
-    Unlock(r);
-    return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
-  }
-  if (r->access_class == kMetadataRegions) {  // no allocation lives there
     Unlock(r);
     return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
@@ -955,9 +951,7 @@ int Heap::DumpRegions(FILE* out) {
                 reinterpret_cast<void*>(r.base + r.size), r.size >> 10,
                 r.pages != 0 ? 100.0 * r.pages_in_use / r.pages : 0.0,
                 r.dedicated ? "  dedicated" : "");
-        if (r.access_class == kMetadataRegions)
-          fprintf(out, "  metadata");
-        else if (r.access_class != 0)
+        if (r.access_class != 0)
           fprintf(out, "  class %s", ClassRightsName(r.access_class));
         for (int d = 0; d < kMaxDomains; d++) {
           if (r.reg[d].state == RegSlot::kRegistered)

@@ -25,11 +25,6 @@ namespace rdmalloc {
 constexpr size_t kMaxRegions = 16384;
 // Access classes: 0 is the plain heap, 1..7 the RDMALLOC_REMOTE_* combinations.
 constexpr unsigned kAccessClasses = 8;
-// Regions of jemalloc's own metadata (arena structs, extent descriptors):
-// never registered, so no key ever covers allocator state, and never pinned
-// by a neighbour's lookup (metadata is never freed).
-constexpr unsigned kMetadataRegions = kAccessClasses;
-constexpr unsigned kRegionKinds = kAccessClasses + 1;
 constexpr int kMaxObservers = 8;
 
 // The registration rights of an access class (plus local write, which remote
@@ -51,7 +46,7 @@ struct RegionInfo {
   uintptr_t base = 0;
   size_t size = 0, pages = 0, pages_in_use = 0;
   bool dedicated = false;
-  unsigned access_class = 0;  // kMetadataRegions for jemalloc's metadata
+  unsigned access_class = 0;
   struct {
     uint32_t state, lkey, rkey;  // RegSlot::state
   } reg[kMaxDomains] = {};
@@ -74,7 +69,7 @@ class Heap {
   // --- Hook side: may run inside jemalloc; never allocates, never blocks on
   // a lock that a malloc-calling thread could hold.
   // nullptr: no region of ours can take it (the hook then falls back).
-  // Serves only from regions of `access_class` (or kMetadataRegions).
+  // Serves only from regions of `access_class`.
   void* AllocExtent(unsigned access_class, void* new_addr, size_t size, size_t alignment,
                     bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
@@ -216,9 +211,9 @@ class Heap {
   size_t descriptors_used_ = 0;
   // Regions grow from one chunk to config_.region_size, per access class: a
   // class used for a few buffers should not pin a full-size region.
-  size_t next_region_bytes_[kRegionKinds] = {kChunkSize, kChunkSize, kChunkSize,
-                                             kChunkSize, kChunkSize, kChunkSize,
-                                             kChunkSize, kChunkSize, kChunkSize};
+  size_t next_region_bytes_[kAccessClasses] = {kChunkSize, kChunkSize, kChunkSize,
+                                               kChunkSize, kChunkSize, kChunkSize,
+                                               kChunkSize, kChunkSize};
   Region pool_[kMaxRegions];
 
   SpinLock pending_lock_{LockRank::kReleaseQueue};

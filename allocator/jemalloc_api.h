@@ -4,9 +4,28 @@
 #ifndef RDMALLOC_ALLOCATOR_JEMALLOC_API_H_
 #define RDMALLOC_ALLOCATOR_JEMALLOC_API_H_
 
+#include <jemalloc/jemalloc.h>
+
 #include <cstddef>
 
+// jemalloc 5.3's arena_config_t (include/jemalloc/internal/arena_types.h):
+// what an arena is made with. experimental.arenas_create_ext takes one.
+struct ArenaConfig {
+  extent_hooks_t* extent_hooks;
+  bool metadata_use_hooks;  // the arena's own metadata through its hooks too
+};
+
 extern "C" {
+// jemalloc's own hooks (mmap and madvise), for memory that is not rdmalloc's.
+extern const extent_hooks_t je_ehooks_default_extent_hooks;
+// What every arena is made with (jemalloc's arena_config_default, as its
+// users see it; defined by rdmalloc, see third_party/import_jemalloc.sh).
+extern const ArenaConfig rdmj_arena_config;
+// jemalloc's base allocator, for arena 0's hooks (rdmj_base_boot).
+bool je_base_boot(void* tsdn);
+void* je_b0get();
+extent_hooks_t* je_base_extent_hooks_set(void* base, extent_hooks_t* hooks);
+
 void* rdmj_malloc(size_t size);
 void* rdmj_calloc(size_t n, size_t size);
 void* rdmj_realloc(void* p, size_t size);

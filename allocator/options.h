@@ -189,7 +189,7 @@ inline constexpr Option kOptions[] = {
      "`lazy`: a region is registered with a domain on the first lookup that needs it. "
      "`eager`: every region is registered as it is made (only on `uring`: the verbs "
      "library allocates, which jemalloc's hooks cannot do; `eager` with `verbs` warns "
-     "and uses `lazy`). Eager pins all heap memory, jemalloc's metadata included."},
+     "and uses `lazy`). Eager pins all heap memory (jemalloc's metadata is never in the heap)."},
     {"RDMALLOC_ACCESS",
      ListOf(kAccessWords, "LIST",
             "a comma list of local_write,remote_read,remote_write,remote_atomic,relaxed_ordering"),
