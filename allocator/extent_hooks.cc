@@ -9,6 +9,7 @@
 #include "allocator/arena_control.h"
 #include "allocator/fork.h"
 #include "allocator/heap.h"
+#include "allocator/log.h"
 #include "allocator/jemalloc_api.h"
 #include "allocator/lock_order.h"
 #include "allocator/spin_lock.h"
@@ -38,9 +39,9 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
             bool* commit, unsigned arena_ind) {
   HookScope in_jemalloc;
   unsigned c = ClassOfArena(arena_ind);
-  TheHeap().Log(3, "extent alloc %zu bytes, alignment %zu, arena %u: access class %u", size,
+  Log(3, "extent alloc %zu bytes, alignment %zu, arena %u: access class %u", size,
                 alignment, arena_ind, c);
-  if (void* p = TheHeap().AllocExtent(c, new_addr, size, alignment, zero)) {
+  if (void* p = TheHeap().AllocExtent(arena_ind, c, new_addr, size, alignment, zero)) {
     *commit = true;  // regions are always committed: pages may be pinned
     return p;
   }
@@ -142,7 +143,7 @@ void InstallExtentHooks() {
   extent_hooks_t* arena0 = nullptr;
   size_t len = sizeof arena0;
   if (rdmj_mallctl("arena.0.extent_hooks", &arena0, &len, nullptr, 0) != 0 || arena0 != &g_hooks)
-    TheHeap().Log(0, "arena 0 does not run on rdmalloc's hooks: its memory is not registered");
+    Log(0, "arena 0 does not run on rdmalloc's hooks: its memory is not registered");
   // From here on every control path goes through the guard.
   InitArenaControl(&g_hooks, g_default);
   ForkHandlers fork;

@@ -13,6 +13,7 @@ const char* LockRankName(LockRank rank) {
     case LockRank::kClassArenas: return "class arenas";
     case LockRank::kControl: return "mallctl guard";
     case LockRank::kApi: return "api";
+    case LockRank::kObservers: return "observers";
     case LockRank::kRegion: return "region registration";
     case LockRank::kJemalloc: return "jemalloc";
     case LockRank::kHeap: return "heap";

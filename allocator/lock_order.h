@@ -26,16 +26,17 @@ enum class LockRank : uint8_t {
   // Held while calling jemalloc (they may malloc, or make arenas).
   kClassArenas = 1,  // making an access class's arena (arenas.create)
   kControl = 2,      // the mallctl guard: arena creation, destruction, hook changes
-  kApi = 3,          // backend start, the domain table, the observer table
-  kRegion = 4,       // Region::reg_lock: (de)registering one region (ibv_reg_mr mallocs)
+  kApi = 3,          // backend start, the domain table
+  kObservers = 4,    // the release observers' table
+  kRegion = 5,       // Region::reg_lock: (de)registering one region (ibv_reg_mr mallocs)
   // jemalloc's own mutexes, in jemalloc's witness order (ctl_mtx, arenas,
   // background threads, each arena's, base, ...). Its extent hooks run here.
-  kJemalloc = 5,
+  kJemalloc = 6,
   // Taken inside jemalloc's hooks: never held across malloc.
-  kHeap = 6,          // region list, page maps, descriptor pool
-  kReleaseQueue = 7,  // regions waiting for the release thread
-  kRing = 8,          // a uring domain's slot table and ring (system calls only)
-  kCount = 9,
+  kHeap = 7,          // a region store shard (list, page maps), or its descriptor pool
+  kReleaseQueue = 8,  // regions waiting for the release thread
+  kRing = 9,          // a uring domain's slot table and ring (system calls only)
+  kCount = 10,
 };
 
 const char* LockRankName(LockRank rank);

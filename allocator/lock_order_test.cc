@@ -33,7 +33,7 @@ TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
     api.Lock();
   };
   EXPECT_DEATH(heap_then_api(),
-      "taking 'api' \\(rank 3\\) while holding 'heap' \\(rank 6\\)");
+      "taking 'api' \\(rank 3\\) while holding 'heap' \\(rank 7\\)");
 }
 
 TEST(LockOrder, TwoLocksOfOneRankAbort) {
@@ -54,7 +54,7 @@ TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
         heap.Lock();
         witness::CallingJemalloc();
       },
-      "taking 'jemalloc' \\(rank 5\\) while holding 'heap'");
+      "taking 'jemalloc' \\(rank 6\\) while holding 'heap'");
 }
 
 TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
@@ -69,7 +69,7 @@ TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
         HookScope in_jemalloc;
         region.Lock();
       },
-      "taking 'region registration' \\(rank 4\\) while holding 'jemalloc' \\(rank 5\\)");
+      "taking 'region registration' \\(rank 5\\) while holding 'jemalloc' \\(rank 6\\)");
 }
 
 TEST(LockOrder, AForkChildForgetsWhatItHeld) {

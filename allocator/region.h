@@ -30,7 +30,7 @@ struct RegSlot {
   std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
 };
 
-// Page bitmaps of a region; one bit per page. Guarded by the heap lock.
+// Page bitmaps of a region; one bit per page. Guarded by its shard's lock.
 class PageMap {
  public:
   // `words` must be zeroed and hold 2 * WordsFor(npages) words.
@@ -66,7 +66,7 @@ struct Region {
   std::atomic<uintptr_t> base{0};
   std::atomic<size_t> size{0};
 
-  // Page heap; guarded by the heap lock.
+  // Page heap; guarded by the lock of the region store's shard it belongs to.
   PageMap pages;
   uint64_t* page_words = nullptr;
   size_t page_words_bytes = 0;
@@ -77,6 +77,8 @@ struct Region {
   // Access class (RDMALLOC_REMOTE_* bits; 0: the plain heap). A region holds
   // extents of one class only and is registered with that class's rights.
   uint8_t access_class = 0;
+  // The region store's shard (its arena's) that made it and guards its pages.
+  uint8_t shard = 0;
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).

@@ -20,7 +20,12 @@ bool RegionMap::Set(uintptr_t base, size_t size, Region* r) {
         return false;
       }
       leaf = static_cast<Leaf*>(mem);  // zero pages: every slot reads nullptr
-      top.store(leaf, std::memory_order_release);
+      // Another region's writer may have put a leaf there meanwhile.
+      Leaf* expected = nullptr;
+      if (!top.compare_exchange_strong(expected, leaf, std::memory_order_acq_rel)) {
+        munmap(mem, sizeof(Leaf));
+        leaf = expected;
+      }
     }
     leaf->slot[c & (kLeafSize - 1)].store(r, std::memory_order_release);
   }

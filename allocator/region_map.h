@@ -31,8 +31,9 @@ class RegionMap {
     return leaf->slot[chunk & (kLeafSize - 1)].load(std::memory_order_acquire);
   }
 
-  // Writers are serialised by the caller. Returns false if a leaf could not be
-  // mapped (the range is then left unset).
+  // Writers of different regions may run at once (each chunk belongs to one
+  // region; leaves are installed with compare-and-swap). Returns false if a
+  // leaf could not be mapped (the range is then left unset).
   bool Set(uintptr_t base, size_t size, Region* r);
   void Clear(uintptr_t base, size_t size) { Set(base, size, nullptr); }
 

@@ -11,6 +11,7 @@
 
 #include "allocator/config.h"
 #include "allocator/heap.h"
+#include "allocator/log.h"
 #include "allocator/rdmalloc.h"
 
 namespace rdmalloc {
@@ -34,12 +35,12 @@ __attribute__((constructor)) void NotifyFromEnv() {
   if (notify & kNotifyUcx) {
     int rc = rdmalloc_notify_ucx();
     if (rc != RDMALLOC_OK) Complain("ucx", rc);
-    else TheHeap().Log(1, "UCX hears of released memory from rdmalloc (RDMALLOC_NOTIFY)");
+    else Log(1, "UCX hears of released memory from rdmalloc (RDMALLOC_NOTIFY)");
   }
   if (notify & kNotifyLibfabric) {
     int rc = rdmalloc_notify_libfabric();
     if (rc != RDMALLOC_OK) Complain("libfabric", rc);
-    else TheHeap().Log(1, "libfabric hears of released memory from rdmalloc (RDMALLOC_NOTIFY)");
+    else Log(1, "libfabric hears of released memory from rdmalloc (RDMALLOC_NOTIFY)");
   }
 }
 

@@ -126,7 +126,7 @@ void Worker(Heap& heap, int id, int rounds, Published* table, std::atomic<int>* 
     bool asked_zero = zero;
     // Mostly the plain heap, some remote-access classes (regions of their own).
     unsigned access_class = rng() % 4 == 0 ? 1 + rng() % (kAccessClasses - 1) : 0;
-    void* p = heap.AllocExtent(access_class, nullptr, size, align, &zero);
+    void* p = heap.AllocExtent(0, access_class, nullptr, size, align, &zero);
     if (p == nullptr) {
       failures->fetch_add(1);
       continue;
@@ -230,7 +230,7 @@ TEST(HeapThreads, DomainsAddedAndRemovedUnderLookups) {
       for (int i = 0; i < 300; i++) {
         size_t size = PickPages(rng) << kPageShift;
         bool zero = false;
-        void* p = heap.AllocExtent(0, nullptr, size, kPageSize, &zero);
+        void* p = heap.AllocExtent(0, 0, nullptr, size, kPageSize, &zero);
         if (p == nullptr) {
           failures.fetch_add(1);
           break;

@@ -1,0 +1,269 @@
+#include "allocator/region_store.h"
+
+#include <sched.h>
+#include <sys/mman.h>
+
+namespace rdmalloc {
+namespace {
+
+void* MapAligned(size_t bytes, size_t align) {
+  size_t span = bytes + align;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t aligned = (start + align - 1) & ~(uintptr_t(align) - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  uintptr_t end = start + span, used_end = aligned + bytes;
+  if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+  return reinterpret_cast<void*>(aligned);
+}
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) & ~(to - 1); }
+
+}  // namespace
+
+Region* RegionStore::RegionOf(const void* addr, size_t size) const {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  Region* r = map_.Find(a);
+  if (r == nullptr || !(r->seq.load(std::memory_order_acquire) & 1) || !r->Contains(a, size))
+    return nullptr;
+  return r;
+}
+
+// Counts the acquisitions that had to wait: the thread-scaling benchmark
+// reports them (shard_lock_waits in rdmalloc_stats).
+void RegionStore::LockShard(Shard& s) {
+  if (s.lock.TryLock()) return;
+  s.lock_waits.fetch_add(1, std::memory_order_relaxed);
+  s.lock.Lock();
+}
+
+bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, size_t size,
+                        size_t alignment, Extent* out) {
+  if (size == 0 || (size & (kPageSize - 1)) != 0) return false;
+  size_t n = size >> kPageShift;
+  size_t align = alignment > kPageSize ? alignment >> kPageShift : 1;
+  Region* r = nullptr;
+  size_t first = 0;
+  bool dirty = false;
+  if (new_addr != nullptr) {
+    // In-place growth: only if those exact pages are free in one region.
+    uintptr_t a = reinterpret_cast<uintptr_t>(new_addr);
+    Region* c = RegionOf(new_addr, size);
+    if (c == nullptr || c->access_class != access_class || a % (align << kPageShift) != 0)
+      return false;
+    Shard& s = shards_[c->shard];
+    LockShard(s);
+    // Still live (a region is unlisted only under its shard's lock).
+    first = (a - c->begin()) >> kPageShift;
+    if ((c->seq.load() & 1) && c->pages.IsFree(first, n)) {
+      r = c;
+      dirty = r->pages.Take(first, n);
+      s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
+    }
+    s.lock.Unlock();
+    if (r == nullptr) return false;
+  } else {
+    unsigned shard = ShardOf(arena);
+    Shard& s = shards_[shard];
+    LockShard(s);
+    // Fullest region that fits: busy regions pack tighter and nearly empty
+    // ones drain, so they can be released (a region is only released whole);
+    // ties go to the lower address.
+    size_t best_free = SIZE_MAX;
+    for (Region* c = s.regions; c != nullptr; c = c->next) {
+      size_t free_pages = c->pages.npages() - c->pages.used_pages();
+      if (c->dedicated || c->access_class != access_class || free_pages < n ||
+          free_pages >= best_free)
+        continue;
+      size_t skew = (c->begin() >> kPageShift) & (align - 1);
+      size_t at = c->pages.FindFree(n, align, skew);
+      if (at < c->pages.npages()) {
+        r = c;
+        first = at;
+        best_free = free_pages;
+      }
+    }
+    if (r != nullptr) {
+      dirty = r->pages.Take(first, n);
+      s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
+    }
+    s.lock.Unlock();
+    if (r == nullptr) {
+      r = NewRegion(shard, size, alignment, access_class);
+      if (r == nullptr) return false;
+      out->fresh = true;
+    }
+  }
+  out->region = r;
+  out->addr = reinterpret_cast<void*>(r->begin() + (first << kPageShift));
+  out->dirty = dirty;
+  return true;
+}
+
+Region* RegionStore::TakeDescriptor() {
+  SpinLockGuard g(pool_lock_);
+  if (free_descriptors_ != nullptr) {
+    Region* r = free_descriptors_;
+    free_descriptors_ = r->next;
+    return r;
+  }
+  size_t used = descriptors_used_.load(std::memory_order_relaxed);
+  if (used >= kMaxRegions) return nullptr;
+  // Published after the descriptor is counted: scans up to descriptors_used()
+  // may meet it not yet live (seq even), which they skip.
+  descriptors_used_.store(used + 1, std::memory_order_release);
+  return &pool_[used];
+}
+
+// A fresh region whose first pages are carved for the request (they are clean).
+Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
+                               unsigned access_class) {
+  Shard& s = shards_[shard];
+  size_t grow;
+  {
+    SpinLockGuard g(s.lock);
+    size_t next = s.next_region_bytes[access_class];
+    grow = next < region_size_ ? next : region_size_;
+  }
+  size_t bytes = RoundUp(size, kChunkSize);
+  if (bytes < grow) bytes = grow;
+  size_t align = alignment > kChunkSize ? alignment : kChunkSize;
+  void* mem = MapAligned(bytes, align);
+  if (mem == nullptr) return nullptr;
+  size_t npages = bytes >> kPageShift;
+  size_t words_bytes = RoundUp(2 * PageMap::WordsFor(npages) * sizeof(uint64_t), kPageSize);
+  void* words = mmap(nullptr, words_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  Region* r = words != MAP_FAILED ? TakeDescriptor() : nullptr;
+  if (r == nullptr) {
+    if (words != MAP_FAILED) munmap(words, words_bytes);
+    munmap(mem, bytes);
+    return nullptr;
+  }
+  r->base.store(reinterpret_cast<uintptr_t>(mem), std::memory_order_relaxed);
+  r->size.store(bytes, std::memory_order_relaxed);
+  r->page_words = static_cast<uint64_t*>(words);
+  r->page_words_bytes = words_bytes;
+  r->pages.Init(r->page_words, npages);
+  r->next = nullptr;
+  r->dedicated = size > region_size_;
+  r->access_class = static_cast<uint8_t>(access_class);
+  r->shard = static_cast<uint8_t>(shard);
+  if (!map_.Set(r->begin(), bytes, r)) {
+    // No memory for a map leaf: memory nobody can find must not be handed out.
+    munmap(mem, bytes);
+    Recycle(r);
+    return nullptr;
+  }
+  // Mapped before in use, so a concurrent stats reader never sees more bytes
+  // in use than mapped (Unmap subtracts after the last page came back).
+  bytes_mapped_.fetch_add(bytes, std::memory_order_release);
+  r->pages.Take(0, size >> kPageShift);  // fresh pages: clean
+  // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
+  r->seq.fetch_add(1);
+  {
+    SpinLockGuard g(s.lock);
+    Region** link = &s.regions;
+    while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
+    r->next = *link;
+    *link = r;
+    s.pages_in_use.fetch_add(size >> kPageShift, std::memory_order_relaxed);
+    if (s.next_region_bytes[access_class] < region_size_) s.next_region_bytes[access_class] *= 2;
+  }
+  regions_created_.fetch_add(1, std::memory_order_relaxed);
+  return r;
+}
+
+bool RegionStore::Give(Region* r, void* addr, size_t size, bool purged) {
+  size_t first = (reinterpret_cast<uintptr_t>(addr) - r->begin()) >> kPageShift;
+  size_t n = size >> kPageShift;
+  Shard& s = shards_[r->shard];
+  LockShard(s);
+  r->pages.Give(first, n, purged);
+  s.pages_in_use.fetch_sub(n, std::memory_order_relaxed);
+  bool empty = r->pages.used_pages() == 0;
+  if (empty) {
+    Region** link = &s.regions;
+    while (*link != r) link = &(*link)->next;
+    *link = r->next;
+    map_.Clear(r->begin(), r->length());
+    r->seq.fetch_add(1);  // even: lookups that raced with us now fail
+  }
+  s.lock.Unlock();
+  return empty;
+}
+
+void RegionStore::Unmap(Region* r) {
+  munmap(reinterpret_cast<void*>(r->begin()), r->length());
+  bytes_mapped_.fetch_sub(r->length(), std::memory_order_relaxed);
+  regions_released_.fetch_add(1, std::memory_order_relaxed);
+  Recycle(r);
+}
+
+void RegionStore::Recycle(Region* r) {
+  munmap(r->page_words, r->page_words_bytes);
+  r->page_words = nullptr;
+  r->base.store(0, std::memory_order_relaxed);
+  r->size.store(0, std::memory_order_relaxed);
+  SpinLockGuard g(pool_lock_);
+  r->next = free_descriptors_;
+  free_descriptors_ = r;
+}
+
+bool RegionStore::ReadPages(Region* r, size_t* pages, size_t* in_use) {
+  // A descriptor that is not live may be set up by NewRegion right now; a
+  // live one's page map only changes under its shard's lock.
+  if (!(r->seq.load() & 1)) return false;
+  Shard& s = shards_[r->shard];
+  SpinLockGuard g(s.lock);
+  if (!(r->seq.load() & 1)) return false;
+  *pages = r->pages.npages();
+  *in_use = r->pages.used_pages();
+  return true;
+}
+
+bool RegionStore::FreesUnderWay() const {
+  for (const Shard& s : shards_) {
+    if (s.hook_busy.load() != 0) return true;
+  }
+  return false;
+}
+
+uint64_t RegionStore::bytes_in_use() const {
+  uint64_t pages = 0;
+  for (const Shard& s : shards_) pages += s.pages_in_use.load(std::memory_order_relaxed);
+  return pages << kPageShift;
+}
+
+uint64_t RegionStore::shard_lock_waits() const {
+  uint64_t waits = 0;
+  for (const Shard& s : shards_) waits += s.lock_waits.load(std::memory_order_relaxed);
+  return waits;
+}
+
+// Nobody else ever holds two of these locks, so taking them all in index
+// order cannot deadlock. TryLock: the witness forbids waiting for a second
+// lock of one rank, which is right everywhere but here.
+void RegionStore::LockAllForFork() {
+  for (Shard& s : shards_) {
+    while (!s.lock.TryLock()) sched_yield();
+  }
+  while (!pool_lock_.TryLock()) sched_yield();
+}
+
+void RegionStore::UnlockAllAfterFork() {
+  pool_lock_.Unlock();
+  for (Shard& s : shards_) s.lock.Unlock();
+}
+
+void RegionStore::ResetAfterFork() {
+  pool_lock_.ResetAfterFork();
+  for (Shard& s : shards_) {
+    s.lock.ResetAfterFork();
+    s.hook_busy.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace rdmalloc

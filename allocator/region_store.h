@@ -1,0 +1,128 @@
+// The region store: rdmalloc's page-level allocator under jemalloc. It maps
+// regions, carves the extents jemalloc asks for out of them, takes them back
+// and hands out empty regions for release. It knows nothing of registration:
+// that is allocator/registrations.h's room.
+//
+// Sharded by jemalloc arena: each shard has its own lock, region list and
+// growth state, so extents of different arenas never contend (jemalloc's
+// arenas do not contend with each other either). A region belongs to the
+// shard that made it for its whole life; its page map is guarded by that
+// shard's lock. The descriptor pool has a lock of its own, taken only when a
+// region is made or recycled. Lookups find regions through the region map
+// without any lock.
+#ifndef RDMALLOC_ALLOCATOR_REGION_STORE_H_
+#define RDMALLOC_ALLOCATOR_REGION_STORE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/region.h"
+#include "allocator/region_map.h"
+#include "allocator/spin_lock.h"
+
+namespace rdmalloc {
+
+constexpr size_t kMaxRegions = 16384;
+// Access classes: 0 is the plain heap, 1..7 the RDMALLOC_REMOTE_* combinations.
+constexpr unsigned kAccessClasses = 8;
+// Shards of region state; arena i uses shard i % kShards.
+constexpr unsigned kShards = 64;
+
+class RegionStore {
+ public:
+  constexpr RegionStore() = default;
+  RegionStore(const RegionStore&) = delete;
+  RegionStore& operator=(const RegionStore&) = delete;
+
+  // Regions grow from one chunk up to this, per shard and access class; a
+  // request larger than it gets a region of its own.
+  void set_region_size(size_t bytes) { region_size_ = bytes; }
+  size_t region_size() const { return region_size_; }
+
+  static unsigned ShardOf(unsigned arena) { return arena % kShards; }
+
+  // Lock-free, no allocation, no system call.
+  Region* Find(uintptr_t addr) const { return map_.Find(addr); }
+  // The live region wholly containing [addr, addr+size), or nullptr.
+  Region* RegionOf(const void* addr, size_t size) const;
+
+  // What Carve hands out.
+  struct Extent {
+    Region* region = nullptr;
+    void* addr = nullptr;
+    bool dirty = false;  // some page may hold old bytes
+    bool fresh = false;  // in a region made for it (the caller may register it)
+  };
+  // Pages for an extent of `arena`'s `access_class`: the fullest region of the
+  // shard that fits, or a new region. With new_addr, exactly those pages
+  // (jemalloc's in-place growth) if they are free in one region of the class.
+  // False if none can be had.
+  bool Carve(unsigned arena, unsigned access_class, void* new_addr, size_t size,
+             size_t alignment, Extent* out);
+  // Pages come back; `purged` ones read as zero again. Returns true if the
+  // region became empty: it is then out of the list and the map (its seq is
+  // even, lookups fail) and belongs to the caller, who releases it.
+  bool Give(Region* r, void* addr, size_t size, bool purged);
+  // Unmaps an empty region handed out by Give and recycles its descriptor.
+  void Unmap(Region* r);
+
+  // Descriptors ever used (the pool never shrinks; scans go up to this).
+  size_t descriptors_used() const { return descriptors_used_.load(std::memory_order_acquire); }
+  Region* descriptor(size_t i) { return &pool_[i]; }
+
+  // FreeExtent calls under way, over all shards (AddObserver waits for 0).
+  // EnterFree returns the shard to pass to LeaveFree: by then the region may
+  // be released and its descriptor in another shard's hands.
+  unsigned EnterFree(const Region* r) {
+    shards_[r->shard].hook_busy.fetch_add(1);
+    return r->shard;
+  }
+  void LeaveFree(unsigned shard) { shards_[shard].hook_busy.fetch_sub(1); }
+  bool FreesUnderWay() const;
+
+  // r's page counts under its shard's lock; false if r is not live.
+  bool ReadPages(Region* r, size_t* pages, size_t* in_use);
+
+  // Counters (relaxed reads; see rdmalloc_stats).
+  uint64_t bytes_mapped() const { return bytes_mapped_.load(std::memory_order_acquire); }
+  uint64_t bytes_in_use() const;
+  uint64_t regions_created() const { return regions_created_.load(std::memory_order_relaxed); }
+  uint64_t regions_released() const { return regions_released_.load(std::memory_order_relaxed); }
+  // Lock contention: acquisitions of shard locks that found them held.
+  uint64_t shard_lock_waits() const;
+
+  // Fork stage kHeap: every shard lock and the pool lock.
+  void LockAllForFork();
+  void UnlockAllAfterFork();
+  void ResetAfterFork();
+
+ private:
+  struct alignas(64) Shard {
+    SpinLock lock{LockRank::kHeap};
+    Region* regions = nullptr;  // by address
+    size_t next_region_bytes[kAccessClasses] = {kChunkSize, kChunkSize, kChunkSize, kChunkSize,
+                                                kChunkSize, kChunkSize, kChunkSize, kChunkSize};
+    std::atomic<uint64_t> pages_in_use{0};
+    std::atomic<int> hook_busy{0};
+    std::atomic<uint64_t> lock_waits{0};
+  };
+
+  void LockShard(Shard& s);
+  Region* NewRegion(unsigned shard, size_t size, size_t alignment, unsigned access_class);
+  Region* TakeDescriptor();
+  void Recycle(Region* r);
+
+  size_t region_size_ = size_t{32} << 20;
+  RegionMap map_;
+  Shard shards_[kShards];
+  SpinLock pool_lock_{LockRank::kHeap};  // never held with a shard lock
+  Region* free_descriptors_ = nullptr;
+  std::atomic<size_t> descriptors_used_{0};
+  std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0};
+  Region pool_[kMaxRegions];
+};
+
+}  // namespace rdmalloc
+
+#endif  // RDMALLOC_ALLOCATOR_REGION_STORE_H_
