@@ -22,7 +22,8 @@ struct Mib {
   size_t len = 0;
   bool per_arena = false;
 };
-Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset;
+Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset, g_purge, g_decay;
+void (*g_give_back)() = nullptr;
 constexpr size_t kArenaIndex = 1;  // arena.<i>.leaf
 
 extent_hooks_t* g_ours = nullptr;
@@ -100,6 +101,17 @@ int Guarded(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void*
   return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen);
 }
 
+// arena.<i>.purge and .decay ask for memory back now: what rdmalloc keeps for
+// reuse goes too, once jemalloc has given its part back.
+bool GivesBack(const size_t* mib, size_t miblen) {
+  return Is(g_purge, mib, miblen) || Is(g_decay, mib, miblen);
+}
+
+int GiveBack(int rc) {
+  if (rc == 0 && g_give_back != nullptr) g_give_back();
+  return rc;
+}
+
 bool Watched(const size_t* mib, size_t miblen) {
   return Is(g_create, mib, miblen) || Is(g_create_ext, mib, miblen) ||
          Is(g_hooks_of, mib, miblen) || Is(g_destroy, mib, miblen) || Is(g_reset, mib, miblen);
@@ -107,7 +119,8 @@ bool Watched(const size_t* mib, size_t miblen) {
 
 }  // namespace
 
-void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults) {
+void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*give_back)()) {
+  g_give_back = give_back;
   g_ours = ours;
   g_defaults = defaults;
   size_t len = sizeof g_automatic_arenas;
@@ -117,6 +130,8 @@ void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults) {
   NameToMib("arena.0.extent_hooks", &g_hooks_of, /*per_arena=*/true);
   NameToMib("arena.0.destroy", &g_destroy, /*per_arena=*/true);
   NameToMib("arena.0.reset", &g_reset, /*per_arena=*/true);
+  NameToMib("arena.0.purge", &g_purge, /*per_arena=*/true);
+  NameToMib("arena.0.decay", &g_decay, /*per_arena=*/true);
   ForkHandlers fork;
   fork.prepare = ForkPrepare;
   fork.parent = ForkParent;
@@ -142,6 +157,8 @@ int ControlMallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, si
     Mib m;
     if (NameToMib(name, &m) && Watched(m.v, m.len))
       return Guarded(m.v, m.len, oldp, oldlenp, newp, newlen);
+    if (m.len != 0 && GivesBack(m.v, m.len))
+      return GiveBack(rdmj_mallctlbymib(m.v, m.len, oldp, oldlenp, newp, newlen));
   }
   return rdmj_mallctl(name, oldp, oldlenp, newp, newlen);
 }
@@ -150,6 +167,8 @@ int ControlMallctlByMib(const size_t* mib, size_t miblen, void* oldp, size_t* ol
                         size_t newlen) {
   if (mib != nullptr && Watched(mib, miblen))
     return Guarded(mib, miblen, oldp, oldlenp, newp, newlen);
+  if (mib != nullptr && GivesBack(mib, miblen))
+    return GiveBack(rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen));
   return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, newp, newlen);
 }
 

@@ -10,6 +10,8 @@
 // - arena.<i>.destroy and arena.<i>.reset of an arena rdmalloc made for itself
 //   (an access class's) fail with EPERM: other callers' memory lives there.
 // Arenas made with the caller's own hooks stay entirely the caller's.
+// - arena.<i>.purge and arena.<i>.decay also give back what rdmalloc keeps
+//   for reuse (RDMALLOC_RETAIN).
 #ifndef RDMALLOC_ALLOCATOR_ARENA_CONTROL_H_
 #define RDMALLOC_ALLOCATOR_ARENA_CONTROL_H_
 
@@ -20,8 +22,10 @@
 namespace rdmalloc {
 
 // Once, after rdmalloc's hooks are installed on every automatic arena:
-// `ours` are rdmalloc's hooks, `defaults` jemalloc's own.
-void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults);
+// `ours` are rdmalloc's hooks, `defaults` jemalloc's own; `give_back` runs
+// after arena.<i>.purge and arena.<i>.decay (rdmalloc gives back what it
+// keeps for reuse too).
+void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*give_back)());
 
 // A new arena on `hooks`; `internal` marks it rdmalloc's own (no one may
 // destroy or reset it). Returns its index, 0 if it cannot be made.

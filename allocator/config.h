@@ -32,6 +32,9 @@ constexpr int kNotifyLibfabric = 2;
 constexpr size_t kNoPinLimit = ~size_t{0};
 constexpr long kDecayUnset = -2;  // keep jemalloc's own dirty_decay_ms
 constexpr long kMaxDecayMs = 86400000;
+constexpr size_t kDefaultRetain = size_t{64} << 20;
+constexpr size_t kMaxRetain = size_t{1} << 40;
+constexpr size_t kPageBytes = 4096;
 
 struct Config {
   BackendChoice backend = BackendChoice::kAuto;
@@ -42,6 +45,7 @@ struct Config {
   int access = kDefaultAccess;  // of the default domain
   size_t max_pinned = kNoPinLimit;  // bytes registered, summed over domains
   long decay_ms = kDecayUnset;
+  size_t retain = kDefaultRetain;  // freed bytes kept resident for reuse
   StatsMode stats = StatsMode::kOff;
   char stats_file[256] = {};
   int verbose = 0;

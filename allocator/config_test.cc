@@ -39,6 +39,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.access, b.access);
   EXPECT_EQ(a.max_pinned, b.max_pinned);
   EXPECT_EQ(a.decay_ms, b.decay_ms);
+  EXPECT_EQ(a.retain, b.retain);
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_STREQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.verbose, b.verbose);
@@ -73,7 +74,7 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
   std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
                                 "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS", "RDMALLOC_NOTIFY",
-                                "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS"};
+                                "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS", "RDMALLOC_RETAIN"};
   EXPECT_EQ(g_asked, want);
 }
 
@@ -135,6 +136,10 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_MAX_PINNED", "0", [](Config* c, const std::string&) { c->max_pinned = 0; });
   add("RDMALLOC_MAX_PINNED", "512M", [](Config* c, const std::string&) { c->max_pinned = 512 * kM; });
   add("RDMALLOC_MAX_PINNED", "2G", [](Config* c, const std::string&) { c->max_pinned = 2 * kG; });
+  add("RDMALLOC_RETAIN", "0", [](Config* c, const std::string&) { c->retain = 0; });
+  add("RDMALLOC_RETAIN", "256M", [](Config* c, const std::string&) { c->retain = 256 * kM; });
+  add("RDMALLOC_RETAIN", "1024G", [](Config* c, const std::string&) { c->retain = 1024 * kG; });
+  add("RDMALLOC_RETAIN", "5000", [](Config* c, const std::string&) { c->retain = 8192; });
   add("RDMALLOC_DECAY_MS", "-1", [](Config* c, const std::string&) { c->decay_ms = -1; });
   add("RDMALLOC_DECAY_MS", "0", [](Config* c, const std::string&) { c->decay_ms = 0; });
   add("RDMALLOC_DECAY_MS", "250", [](Config* c, const std::string&) { c->decay_ms = 250; });
@@ -212,6 +217,10 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_MAX_PINNED", "lots", "unlimited"},
       {"RDMALLOC_MAX_PINNED", "Unlimited", "unlimited"},
       {"RDMALLOC_MAX_PINNED", "99999999999999999999G", "unlimited"},
+      {"RDMALLOC_RETAIN", "", "64M"},
+      {"RDMALLOC_RETAIN", "-1", "64M"},
+      {"RDMALLOC_RETAIN", "1025G", "64M"},
+      {"RDMALLOC_RETAIN", "lots", "64M"},
       {"RDMALLOC_DECAY_MS", "", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "-2", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "86400001", "jemalloc's dirty_decay_ms"},
@@ -464,6 +473,7 @@ TEST_F(ConfigTest, WarningTextsOfAnEmptyValue) {
        "local_write,remote_read,remote_write,remote_atomic,relaxed_ordering); using local_write"},
       {"RDMALLOC_MAX_PINNED", "(accepted: a size with suffix K/M/G, or unlimited); using unlimited"},
       {"RDMALLOC_DECAY_MS", "(accepted: -1 (never) or 0 to 86400000); using jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_RETAIN", "(accepted: a size from 0 to 1024G, suffix K/M/G); using 64M"},
       {"RDMALLOC_STATS", "(accepted: 0|1|json); using 0"},
       {"RDMALLOC_STATS_FILE", "(accepted: a path of 1 to 255 characters); using stderr"},
       {"RDMALLOC_VERBOSE", "(accepted: 0|1|2|3); using 0"},

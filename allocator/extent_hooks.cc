@@ -145,7 +145,7 @@ void InstallExtentHooks() {
   if (rdmj_mallctl("arena.0.extent_hooks", &arena0, &len, nullptr, 0) != 0 || arena0 != &g_hooks)
     Log(0, "arena 0 does not run on rdmalloc's hooks: its memory is not registered");
   // From here on every control path goes through the guard.
-  InitArenaControl(&g_hooks, g_default);
+  InitArenaControl(&g_hooks, g_default, [] { TheHeap().GiveBackRetained(); });
   ForkHandlers fork;
   fork.prepare = [] { g_class_lock.Lock(); };
   fork.parent = [] { g_class_lock.Unlock(); };

@@ -170,9 +170,10 @@ void PutRegion(const RegionInfo& r, void* ctx) {
 using rdmalloc::EnsureInitialised;
 
 // Flushes this thread's cache and makes every arena give back what it keeps
-// for reuse (its decay, all at once) through rdmalloc's hooks: rdmalloc's heap
-// then releases regions that became empty and purges free pages of
-// unregistered regions; pages under a registration are never purged. `pad`
+// for reuse (its decay, all at once) through rdmalloc's hooks; then rdmalloc
+// gives back what it keeps (RDMALLOC_RETAIN): it releases empty regions and
+// purges free pages of unregistered regions; pages under a registration are
+// never purged. `pad`
 // has no meaning here (there is no heap top to leave room at). Returns 1 if
 // the process's mapped size or resident set fell meanwhile (/proc/self/statm),
 // or if regions were handed to rdmalloc's release thread (with observers or
@@ -185,6 +186,7 @@ RDMALLOC_EXPORT int malloc_trim(size_t pad) noexcept {
   rdmalloc_stats(&queued_before, sizeof queued_before);
   rdmj_mallctl("thread.tcache.flush", nullptr, nullptr, nullptr, 0);
   rdmj_mallctl("arena." ALL_ARENAS ".purge", nullptr, nullptr, nullptr, 0);
+  rdmalloc::TheHeap().GiveBackRetained();  // what RDMALLOC_RETAIN keeps for reuse
   rdmalloc_stats(&queued_after, sizeof queued_after);
   rdmalloc::Footprint after = rdmalloc::ReadFootprint();
   if (queued_after.releases_deferred > queued_before.releases_deferred) return 1;

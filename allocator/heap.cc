@@ -34,6 +34,7 @@ void Heap::Configure(const Config& config) {
   config_ = config;
   SetLogLevel(config.verbose);
   store_.set_region_size(config.region_size);
+  store_.set_retain(config.retain);
   regs_.Configure(config);
   regs_.set_opened([](void* heap) { static_cast<Heap*>(heap)->RegisterAllLive(0); }, this);
   release_.set_finish(FinishQueued, this);
@@ -74,22 +75,38 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
 }
 
 void Heap::FreeExtent(Region* r, void* addr, size_t size) {
-  // An unregistered region gives freed pages back to the OS as jemalloc
-  // would. Under reg_lock no registration can pin them meanwhile; if the lock
-  // is busy (a registration is under way) the pages simply stay. With
-  // observers nothing is purged: another cache may have registered the pages
-  // itself, and it only hears of whole regions (see AddObserver).
+  // Freed pages stay resident for reuse while what rdmalloc keeps stays
+  // within RDMALLOC_RETAIN. Past it, an unregistered region gives them back
+  // to the OS as jemalloc would: under reg_lock, so no registration can pin
+  // them meanwhile (if the lock is busy, a registration is under way and the
+  // pages simply stay). With observers nothing is purged: another cache may
+  // have registered the pages itself, and it only hears of whole regions
+  // (see AddObserver).
   unsigned shard = store_.EnterFree(r);
   bool purged = false;
-  if (!release_.observed() && r->registrations.load() == 0 && r->reg_lock.TryLock()) {
+  if (!release_.observed() && r->registrations.load() == 0 && store_.OverRetain(size) &&
+      r->reg_lock.TryLock()) {
     if (r->registrations.load() == 0) purged = madvise(addr, size, MADV_DONTNEED) == 0;
     Unlock(r);
   }
-  if (store_.Give(r, addr, size, purged)) {
-    r->release_wanted.store(true);
-    RunRelease(r);
-  }
+  if (store_.Give(r, addr, size, purged) == RegionStore::Gave::kEmpty) Release(r);
+  // Registered or observed free pages cannot be purged: past the bound,
+  // kept empty regions of this shard go instead.
+  while (Region* kept = store_.ShedKept(shard)) Release(kept);
   store_.LeaveFree(shard);
+}
+
+void Heap::GiveBackRetained() {
+  while (Region* kept = store_.TakeKept()) Release(kept);
+  if (release_.observed()) return;  // observers may hold MRs on free pages
+  size_t used = store_.descriptors_used();
+  for (size_t i = 0; i < used; i++) {
+    Region* r = store_.descriptor(i);
+    if (!(r->seq.load() & 1) || r->registrations.load() != 0) continue;
+    r->reg_lock.Lock();
+    if (r->registrations.load() == 0) store_.PurgeFree(r);
+    Unlock(r);
+  }
 }
 
 // ---------------------------------------------------------------- release
@@ -126,6 +143,11 @@ void Heap::RunRelease(Region* r) {
 
 void Heap::Unlock(Region* r) {
   r->reg_lock.Unlock();
+  RunRelease(r);
+}
+
+void Heap::Release(Region* r) {
+  r->release_wanted.store(true);
   RunRelease(r);
 }
 
@@ -266,6 +288,7 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.bytes_in_use = store_.bytes_in_use();
   s.bytes_mapped = store_.bytes_mapped();
   s.heap_lock_waits = store_.shard_lock_waits();
+  s.bytes_retained = store_.retained_bytes();
   regs_.FillStats(&s);
   for (const Stripe& st : stripes_) {
     s.lookups += get(st.lookups);

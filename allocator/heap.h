@@ -93,6 +93,10 @@ class Heap {
   // Starts the release thread if queued work, observers or the backend need
   // it (a fork child has none). API context only: pthread_create allocates.
   void EnsureReleaseThread() { release_.EnsureThread(regs_.has_backend() && !regs_.hook_safe()); }
+  // Gives back what RDMALLOC_RETAIN keeps: releases kept empty regions and
+  // purges resident free pages of unregistered regions (arena.<i>.purge,
+  // malloc_trim). API context.
+  void GiveBackRetained();
   int DumpRegions(FILE* out);
   // Calls visit once per live region, outside every lock (it may allocate).
   // Returns the number of regions visited.
@@ -127,6 +131,7 @@ class Heap {
   // wanted performs it, so hook context never waits for a registration that
   // may itself be inside malloc.
   void Unlock(Region* r);
+  void Release(Region* r);
   void RunRelease(Region* r);
   bool ReleaseLocked(Region* r);
   static void FinishQueued(Region* r, void* heap);

@@ -218,6 +218,17 @@ inline constexpr Option kOptions[] = {
      "How long jemalloc keeps freed extents before giving them back to rdmalloc's "
      "heap; a region is released once all of it came back. `0`: at once. Applies to "
      "every arena."},
+    {"RDMALLOC_RETAIN",
+     SizeOf(0, kMaxRetain, kPageBytes, "SIZE", "a size from 0 to 1024G, suffix K/M/G"),
+     FieldOf<&Config::retain>(), static_cast<long long>(kDefaultRetain), "64M",
+     "a size, `0`..`1024G`, suffix `K`/`M`/`G`, rounded up to 4 KiB", "`64M`",
+     "Freed memory rdmalloc keeps resident for reuse once jemalloc has given it back: "
+     "free pages it does not purge and empty regions it does not release, up to this "
+     "many bytes (64 MiB is the most glibc keeps above its heap top). A loop of large "
+     "blocks then reuses pages instead of mapping, faulting and unmapping them; a kept "
+     "registered region is reused without registering again. `0`: give everything "
+     "back at once. `arena.<i>.purge`, `arena.<i>.decay` and `malloc_trim` give it all "
+     "back."},
     {"RDMALLOC_STATS", OneOf(kStatsWords), FieldOf<&Config::stats>(),
      static_cast<long long>(StatsMode::kOff), "0",
      "`0`, `1`, `json`", "`0` (`1` if `RDMALLOC_STATS_FILE` is set)",

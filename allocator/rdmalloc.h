@@ -165,6 +165,7 @@ struct rdmalloc_stats {
   uint64_t observers;        /* rdmalloc_on_release observers registered */
   uint64_t releases_pending; /* regions queued for the release thread or being released by it */
   uint64_t heap_lock_waits;  /* extent requests and returns that found their shard's lock held */
+  uint64_t bytes_retained;   /* freed bytes kept resident for reuse (RDMALLOC_RETAIN) */
 };
 /* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
  * many were filled, so old callers keep working when the struct grows.

@@ -7,6 +7,19 @@ void PageMap::Init(uint64_t* words, size_t npages) {
   dirty_ = words + WordsFor(npages);
   npages_ = npages;
   used_pages_ = 0;
+  dirty_free_pages_ = 0;
+}
+
+size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
+  size_t end = first + n, count = 0;
+  while (first < end) {
+    size_t w = first / 64, b = first % 64;
+    size_t take = end - first < 64 - b ? end - first : 64 - b;
+    uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << b;
+    count += static_cast<size_t>(__builtin_popcountll(bits[w] & mask));
+    first += take;
+  }
+  return count;
 }
 
 bool PageMap::AnySet(const uint64_t* bits, size_t first, size_t n) const {
@@ -60,17 +73,19 @@ bool PageMap::IsFree(size_t first, size_t n) const {
   return first + n <= npages_ && !AnySet(used_, first, n);
 }
 
-bool PageMap::Take(size_t first, size_t n) {
-  bool dirty = AnySet(dirty_, first, n);
+size_t PageMap::Take(size_t first, size_t n) {
+  size_t dirty = CountSet(dirty_, first, n);
   SetRange(used_, first, n, true);
   SetRange(dirty_, first, n, true);
   used_pages_ += n;
+  dirty_free_pages_ -= dirty;
   return dirty;
 }
 
 void PageMap::Give(size_t first, size_t n, bool purged) {
   SetRange(used_, first, n, false);
   if (purged) SetRange(dirty_, first, n, false);
+  else dirty_free_pages_ += n;  // every used page is dirty
   used_pages_ -= n;
 }
 

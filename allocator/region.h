@@ -44,20 +44,52 @@ class PageMap {
   // (align in pages, a power of two). Returns npages() if none.
   size_t FindFree(size_t n, size_t align, size_t skew) const;
   bool IsFree(size_t first, size_t n) const;
-  // Marks [first, first+n) used and dirty; returns whether any page was dirty.
-  bool Take(size_t first, size_t n);
+  // Marks [first, first+n) used and dirty; returns how many of those pages
+  // were dirty (0: all read as zero).
+  size_t Take(size_t first, size_t n);
   // Marks [first, first+n) free; `purged` pages read as zero again.
   void Give(size_t first, size_t n, bool purged);
+  // Free pages that may hold bytes: resident memory kept for reuse.
+  size_t dirty_free_pages() const { return dirty_free_pages_; }
+  // Calls purge(first, n) for each run of free dirty pages; the runs it
+  // purged (it returns true) read as zero again. Returns the pages purged.
+  template <typename Purge>
+  size_t PurgeDirtyFree(Purge purge);
 
  private:
   bool AnySet(const uint64_t* bits, size_t first, size_t n) const;
+  size_t CountSet(const uint64_t* bits, size_t first, size_t n) const;
   static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
+  bool DirtyFree(size_t p) const {
+    return ((dirty_[p / 64] >> (p % 64)) & 1) && !((used_[p / 64] >> (p % 64)) & 1);
+  }
 
   uint64_t* used_ = nullptr;   // handed to jemalloc
   uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
   size_t npages_ = 0;
   size_t used_pages_ = 0;
+  size_t dirty_free_pages_ = 0;
 };
+
+template <typename Purge>
+size_t PageMap::PurgeDirtyFree(Purge purge) {
+  size_t purged = 0;
+  for (size_t p = 0; p < npages_ && dirty_free_pages_ > 0;) {
+    if (!DirtyFree(p)) {
+      p++;
+      continue;
+    }
+    size_t end = p + 1;
+    while (end < npages_ && DirtyFree(end)) end++;
+    if (purge(p, end - p)) {
+      SetRange(dirty_, p, end - p, false);
+      dirty_free_pages_ -= end - p;
+      purged += end - p;
+    }
+    p = end;
+  }
+  return purged;
+}
 
 struct Region {
   // Identity. seq is odd while the region is live (mapped, findable);
@@ -77,6 +109,8 @@ struct Region {
   // Access class (RDMALLOC_REMOTE_* bits; 0: the plain heap). A region holds
   // extents of one class only and is registered with that class's rights.
   uint8_t access_class = 0;
+  // Empty, and kept (mapped, still registered) for reuse within RDMALLOC_RETAIN.
+  bool kept = false;
   // The region store's shard (its arena's) that made it and guards its pages.
   uint8_t shard = 0;
 

@@ -59,8 +59,7 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
     first = (a - c->begin()) >> kPageShift;
     if ((c->seq.load() & 1) && c->pages.IsFree(first, n)) {
       r = c;
-      dirty = r->pages.Take(first, n);
-      s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
+      TakePagesLocked(s, r, first, n, &dirty);
     }
     s.lock.Unlock();
     if (r == nullptr) return false;
@@ -68,27 +67,29 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
     unsigned shard = ShardOf(arena);
     Shard& s = shards_[shard];
     LockShard(s);
-    // Fullest region that fits: busy regions pack tighter and nearly empty
-    // ones drain, so they can be released (a region is only released whole);
-    // ties go to the lower address.
-    size_t best_free = SIZE_MAX;
-    for (Region* c = s.regions; c != nullptr; c = c->next) {
-      size_t free_pages = c->pages.npages() - c->pages.used_pages();
-      if (c->dedicated || c->access_class != access_class || free_pages < n ||
-          free_pages >= best_free)
-        continue;
-      size_t skew = (c->begin() >> kPageShift) & (align - 1);
-      size_t at = c->pages.FindFree(n, align, skew);
-      if (at < c->pages.npages()) {
-        r = c;
-        first = at;
-        best_free = free_pages;
+    if (size > region_size_) {
+      // A request of its own size: a kept dedicated region that fits.
+      r = KeptDedicatedLocked(s, access_class, size, alignment);
+    } else {
+      // Fullest region that fits: busy regions pack tighter and nearly empty
+      // ones drain, so they can be released (a region is only released
+      // whole); ties go to the lower address.
+      size_t best_free = SIZE_MAX;
+      for (Region* c = s.regions; c != nullptr; c = c->next) {
+        size_t free_pages = c->pages.npages() - c->pages.used_pages();
+        if (c->dedicated || c->access_class != access_class || free_pages < n ||
+            free_pages >= best_free)
+          continue;
+        size_t skew = (c->begin() >> kPageShift) & (align - 1);
+        size_t at = c->pages.FindFree(n, align, skew);
+        if (at < c->pages.npages()) {
+          r = c;
+          first = at;
+          best_free = free_pages;
+        }
       }
     }
-    if (r != nullptr) {
-      dirty = r->pages.Take(first, n);
-      s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
-    }
+    if (r != nullptr) TakePagesLocked(s, r, first, n, &dirty);
     s.lock.Unlock();
     if (r == nullptr) {
       r = NewRegion(shard, size, alignment, access_class);
@@ -161,6 +162,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   // in use than mapped (Unmap subtracts after the last page came back).
   bytes_mapped_.fetch_add(bytes, std::memory_order_release);
   r->pages.Take(0, size >> kPageShift);  // fresh pages: clean
+  r->kept = false;
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   {
@@ -176,23 +178,96 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   return r;
 }
 
-bool RegionStore::Give(Region* r, void* addr, size_t size, bool purged) {
+void RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty) {
+  size_t dirty_pages = r->pages.Take(first, n);
+  *dirty = dirty_pages != 0;
+  retained_pages_.fetch_sub(dirty_pages, std::memory_order_relaxed);
+  s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
+  r->kept = false;
+}
+
+// A kept dedicated region for a request of `size`: large enough, not more
+// than twice as large (it is all pinned for one allocation), aligned.
+Region* RegionStore::KeptDedicatedLocked(Shard& s, unsigned access_class, size_t size,
+                                         size_t alignment) {
+  Region* best = nullptr;
+  for (Region* c = s.regions; c != nullptr; c = c->next) {
+    if (!c->kept || !c->dedicated || c->access_class != access_class || c->length() < size ||
+        c->length() / 2 > size || c->begin() % (alignment > kPageSize ? alignment : kPageSize) != 0)
+      continue;
+    if (best == nullptr || c->length() < best->length()) best = c;
+  }
+  return best;
+}
+
+void RegionStore::UnlistLocked(Shard& s, Region* r) {
+  Region** link = &s.regions;
+  while (*link != r) link = &(*link)->next;
+  *link = r->next;
+  map_.Clear(r->begin(), r->length());
+  r->seq.fetch_add(1);  // even: lookups that raced with us now fail
+  retained_pages_.fetch_sub(r->pages.dirty_free_pages(), std::memory_order_relaxed);
+  r->kept = false;
+}
+
+RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool purged) {
   size_t first = (reinterpret_cast<uintptr_t>(addr) - r->begin()) >> kPageShift;
   size_t n = size >> kPageShift;
   Shard& s = shards_[r->shard];
   LockShard(s);
   r->pages.Give(first, n, purged);
+  if (!purged) retained_pages_.fetch_add(n, std::memory_order_relaxed);
   s.pages_in_use.fetch_sub(n, std::memory_order_relaxed);
-  bool empty = r->pages.used_pages() == 0;
-  if (empty) {
-    Region** link = &s.regions;
-    while (*link != r) link = &(*link)->next;
-    *link = r->next;
-    map_.Clear(r->begin(), r->length());
-    r->seq.fetch_add(1);  // even: lookups that raced with us now fail
+  Gave gave = Gave::kInUse;
+  if (r->pages.used_pages() == 0) {
+    // Kept while what is kept stays within RDMALLOC_RETAIN (its resident
+    // pages counted already): the next request of the shard reuses it, with
+    // its pages and registrations, instead of mapping a new region.
+    if (!OverRetain(0)) {
+      r->kept = true;
+      gave = Gave::kKept;
+    } else {
+      UnlistLocked(s, r);
+      gave = Gave::kEmpty;
+    }
   }
   s.lock.Unlock();
-  return empty;
+  return gave;
+}
+
+Region* RegionStore::ShedKept(unsigned shard) {
+  if (!OverRetain(0)) return nullptr;
+  Shard& s = shards_[shard];
+  LockShard(s);
+  Region* r = s.regions;
+  while (r != nullptr && !r->kept) r = r->next;
+  if (r != nullptr) UnlistLocked(s, r);
+  s.lock.Unlock();
+  return r;
+}
+
+Region* RegionStore::TakeKept() {
+  for (Shard& s : shards_) {
+    LockShard(s);
+    Region* r = s.regions;
+    while (r != nullptr && !r->kept) r = r->next;
+    if (r != nullptr) UnlistLocked(s, r);
+    s.lock.Unlock();
+    if (r != nullptr) return r;
+  }
+  return nullptr;
+}
+
+size_t RegionStore::PurgeFree(Region* r) {
+  Shard& s = shards_[r->shard];
+  SpinLockGuard g(s.lock);
+  if (!(r->seq.load() & 1)) return 0;
+  size_t purged = r->pages.PurgeDirtyFree([r](size_t first, size_t n) {
+    return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
+                   MADV_DONTNEED) == 0;
+  });
+  retained_pages_.fetch_sub(purged, std::memory_order_relaxed);
+  return purged << kPageShift;
 }
 
 void RegionStore::Unmap(Region* r) {

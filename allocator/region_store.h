@@ -60,10 +60,27 @@ class RegionStore {
   // False if none can be had.
   bool Carve(unsigned arena, unsigned access_class, void* new_addr, size_t size,
              size_t alignment, Extent* out);
-  // Pages come back; `purged` ones read as zero again. Returns true if the
-  // region became empty: it is then out of the list and the map (its seq is
-  // even, lookups fail) and belongs to the caller, who releases it.
-  bool Give(Region* r, void* addr, size_t size, bool purged);
+  // Pages come back; `purged` ones read as zero again. kEmpty: the region
+  // became empty and is out of the list and the map (its seq is even, lookups
+  // fail); it belongs to the caller, who releases it. kKept: it became empty
+  // and is kept for reuse (RDMALLOC_RETAIN).
+  enum class Gave { kInUse, kKept, kEmpty };
+  Gave Give(Region* r, void* addr, size_t size, bool purged);
+
+  // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
+  // kept, count against this many bytes.
+  void set_retain(size_t bytes) { retain_ = bytes; }
+  uint64_t retained_bytes() const { return retained_pages_.load(std::memory_order_relaxed) << kPageShift; }
+  // Would `extra` more free bytes left resident pass the bound?
+  bool OverRetain(size_t extra) const { return retained_bytes() + extra > retain_; }
+  // A kept region of `shard` to release while retention is over its bound
+  // (then out of list and map, as for kEmpty), or nullptr.
+  Region* ShedKept(unsigned shard);
+  // Any kept region, to release now (purge, trim), or nullptr.
+  Region* TakeKept();
+  // Purges r's free pages that are still resident; r->reg_lock held and r
+  // not registered. Returns the bytes purged.
+  size_t PurgeFree(Region* r);
   // Unmaps an empty region handed out by Give and recycles its descriptor.
   void Unmap(Region* r);
 
@@ -110,10 +127,16 @@ class RegionStore {
 
   void LockShard(Shard& s);
   Region* NewRegion(unsigned shard, size_t size, size_t alignment, unsigned access_class);
+  // With the shard locked: pages of r taken / given, r unlisted.
+  void TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
+  void UnlistLocked(Shard& s, Region* r);
+  Region* KeptDedicatedLocked(Shard& s, unsigned access_class, size_t size, size_t alignment);
   Region* TakeDescriptor();
   void Recycle(Region* r);
 
   size_t region_size_ = size_t{32} << 20;
+  size_t retain_ = size_t{64} << 20;
+  std::atomic<uint64_t> retained_pages_{0};
   RegionMap map_;
   Shard shards_[kShards];
   SpinLock pool_lock_{LockRank::kHeap};  // never held with a shard lock

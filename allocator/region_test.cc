@@ -165,11 +165,26 @@ struct Model {
       if ((p + skew) % align == 0 && free_run[p] >= n) return p;
     return npages();
   }
-  bool Take(size_t first, size_t n) {
-    bool d = false;
+  size_t Take(size_t first, size_t n) {
+    size_t d = 0;
     for (size_t i = first; i < first + n; i++) {
-      d = d || dirty[i];
+      d += dirty[i];
       used[i] = dirty[i] = true;
+    }
+    return d;
+  }
+  size_t DirtyFree() const {
+    size_t d = 0;
+    for (size_t i = 0; i < npages(); i++) d += dirty[i] && !used[i];
+    return d;
+  }
+  size_t PurgeDirtyFree() {
+    size_t d = 0;
+    for (size_t i = 0; i < npages(); i++) {
+      if (dirty[i] && !used[i]) {
+        dirty[i] = false;
+        d++;
+      }
     }
     return d;
   }
@@ -202,6 +217,16 @@ void RunRandom(size_t npages, uint64_t seed, int steps) {
     if (op < 5 && want < npages) {
       // Take the run we found.
       ASSERT_EQ(m.Take(want, n), model.Take(want, n)) << "Take(" << want << "," << n << ")";
+    } else if (op == 9 && rnd(0, 3) == 0) {
+      // Purge every run of free dirty pages, each one whole.
+      size_t purged = m.PurgeDirtyFree([&](size_t first, size_t len) {
+        for (size_t i = first; i < first + len; i++) {
+          if (model.used[i] || !model.dirty[i]) return false;  // not free and dirty
+        }
+        if (first > 0 && !model.used[first - 1] && model.dirty[first - 1]) return false;  // not maximal
+        return true;
+      });
+      ASSERT_EQ(purged, model.PurgeDirtyFree());
     } else if (op < 9) {
       // Give back a used run starting at a random used page.
       size_t p = rnd(0, npages - 1);
@@ -215,6 +240,7 @@ void RunRandom(size_t npages, uint64_t seed, int steps) {
       }
     }
     ASSERT_EQ(m.used_pages(), model.used_pages());
+    ASSERT_EQ(m.dirty_free_pages(), model.DirtyFree());
     size_t first = rnd(0, npages);
     size_t len = rnd(0, npages - first + 1);  // may run one past the end
     ASSERT_EQ(m.IsFree(first, len), model.IsFree(first, len)) << first << "+" << len;

@@ -26,6 +26,7 @@ const char* const kKnown[] = {
     "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
     "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",     "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
     "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
+    "RDMALLOC_RETAIN",
 };
 constexpr size_t kKnownCount = sizeof kKnown / sizeof kKnown[0];
 
@@ -209,6 +210,9 @@ void CheckConfig() {
   ExpectUsedOrWarned("RDMALLOC_MAX_PINNED", ok,
                      c.max_pinned == (v == "unlimited" ? kNoPinLimit : size),
                      c.max_pinned == d.max_pinned);
+  ok = value("RDMALLOC_RETAIN") && RefSize(v, &size) && size <= kMaxRetain;
+  ExpectUsedOrWarned("RDMALLOC_RETAIN", ok, c.retain == ((size + kPageBytes - 1) & ~(kPageBytes - 1)),
+                     c.retain == d.retain);
   long decay = 0;
   if (value("RDMALLOC_DECAY_MS") && RefDecay(v, &decay)) {
     Check(c.decay_ms == decay, "valid decay not used", v);

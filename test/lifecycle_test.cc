@@ -280,11 +280,13 @@ TEST(Cap, RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks) {
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
-// RDMALLOC_DECAY_MS=0: jemalloc gives freed extents back at once, so an empty
-// region is deregistered and unmapped without any forced purge.
+// RDMALLOC_DECAY_MS=0: jemalloc gives freed extents back at once; with
+// RDMALLOC_RETAIN=0 rdmalloc keeps nothing either, so an empty region is
+// deregistered and unmapped without any forced purge.
 TEST(Decay, ZeroDecayReleasesAtOnce) {
   if (!IsRerunChild()) {
-    EXPECT_EQ(RerunSelf("Decay.ZeroDecayReleasesAtOnce", {"RDMALLOC_DECAY_MS=0"}), 0);
+    EXPECT_EQ(RerunSelf("Decay.ZeroDecayReleasesAtOnce", {"RDMALLOC_DECAY_MS=0", "RDMALLOC_RETAIN=0"}),
+              0);
     return;
   }
   ssize_t decay = -5;
@@ -298,6 +300,44 @@ TEST(Decay, ZeroDecayReleasesAtOnce) {
   uint64_t released = Stats().regions_released;
   free(p);
   EXPECT_EQ(Stats().regions_released, released + 1);
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// RDMALLOC_RETAIN: an empty region is kept (mapped, still registered) and
+// the next request reuses it without mapping or registering anything; a
+// purge gives it back.
+TEST(Retain, AnEmptyRegionIsKeptReusedAndGivenBackByPurge) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Retain.AnEmptyRegionIsKeptReusedAndGivenBackByPurge",
+                        {"RDMALLOC_DECAY_MS=0", "RDMALLOC_RETAIN=64M"}),
+              0);
+    return;
+  }
+  const size_t n = size_t{40} << 20;  // > RDMALLOC_REGION_SIZE: a region of its own
+  void* p = malloc(n);
+  memset(p, 7, n);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+  struct rdmalloc_stats before = Stats();
+  free(p);  // jemalloc gives it back at once (decay 0): the region is empty
+  struct rdmalloc_stats kept = Stats();
+  EXPECT_EQ(kept.regions_released, before.regions_released) << "released, not kept";
+  EXPECT_EQ(kept.bytes_registered, before.bytes_registered) << "kept, but deregistered";
+  EXPECT_GE(kept.bytes_retained, n);
+  void* q = malloc(n);
+  memset(q, 8, n);
+  rdmalloc_keys kq;
+  ASSERT_EQ(rdmalloc_lookup(q, n, nullptr, &kq), RDMALLOC_OK);
+  struct rdmalloc_stats reused = Stats();
+  EXPECT_EQ(kq.region_base, k.region_base) << "a new region instead of the kept one";
+  EXPECT_EQ(reused.regions_created, before.regions_created);
+  EXPECT_EQ(reused.reg_calls, before.reg_calls) << "the kept region was registered again";
+  free(q);
+  ASSERT_EQ(mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0), 0);
+  struct rdmalloc_stats purged = Stats();
+  EXPECT_EQ(purged.regions_released, before.regions_released + 1) << "purge kept it";
+  EXPECT_EQ(purged.bytes_registered + k.region_len, before.bytes_registered);
+  EXPECT_LT(purged.bytes_retained, n);
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 

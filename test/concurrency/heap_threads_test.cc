@@ -81,9 +81,11 @@ void ExpectCovers(const rdmalloc_keys& k, uintptr_t a, size_t n) {
   EXPECT_EQ(k.len, n);
 }
 
-// Everything the heap's Stats tells once all extents are back. Deferred
-// releases finish on the heap's release thread: give it a few seconds.
+// Everything the heap's Stats tells once all extents are back and the kept
+// ones are given back. Deferred releases finish on the heap's release
+// thread: give it a few seconds.
 void ExpectEmpty(Heap& heap) {
+  heap.GiveBackRetained();  // what RDMALLOC_RETAIN keeps for reuse
   struct rdmalloc_stats s;
   for (int i = 0; i < 500; i++) {
     ASSERT_EQ(heap.Stats(&s, sizeof s), RDMALLOC_OK);
@@ -126,7 +128,9 @@ void Worker(Heap& heap, int id, int rounds, Published* table, std::atomic<int>* 
     bool asked_zero = zero;
     // Mostly the plain heap, some remote-access classes (regions of their own).
     unsigned access_class = rng() % 4 == 0 ? 1 + rng() % (kAccessClasses - 1) : 0;
-    void* p = heap.AllocExtent(0, access_class, nullptr, size, align, &zero);
+    // Each worker is an arena of its own (shard); frees of others' extents
+    // (below) cross shards.
+    void* p = heap.AllocExtent(static_cast<unsigned>(id), access_class, nullptr, size, align, &zero);
     if (p == nullptr) {
       failures->fetch_add(1);
       continue;
@@ -230,7 +234,7 @@ TEST(HeapThreads, DomainsAddedAndRemovedUnderLookups) {
       for (int i = 0; i < 300; i++) {
         size_t size = PickPages(rng) << kPageShift;
         bool zero = false;
-        void* p = heap.AllocExtent(0, 0, nullptr, size, kPageSize, &zero);
+        void* p = heap.AllocExtent(static_cast<unsigned>(t), 0, nullptr, size, kPageSize, &zero);
         if (p == nullptr) {
           failures.fetch_add(1);
           break;
