@@ -1,6 +1,11 @@
 #include "allocator/region.h"
 
+#include <cstddef>
+
 namespace rdmalloc {
+
+static_assert(offsetof(Region, reg) + offsetof(RegSlot, slots) <= 64,
+              "the lookup hit path's fields must share Region's first cache line");
 
 void PageMap::Init(uint64_t* words, size_t npages) {
   used_ = words;

@@ -19,15 +19,16 @@ constexpr int kMaxDomains = 8;  // RDMALLOC_MAX_DOMAINS
 // read lock-free with a sequence count (odd while it changes).
 struct RegSlot {
   enum : uint32_t { kNone = 0, kRegistered = 1, kFailed = 2 };
+  // What the lookup hit path reads, first (see Region's layout).
+  std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
+  std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
   std::atomic<uint32_t> seq{0};
   std::atomic<uint32_t> state{kNone};
   std::atomic<uint32_t> lkey{0};
   std::atomic<uint32_t> rkey{0};
   std::atomic<uint32_t> key_shift{0};
+  std::atomic<int> access{0};  // the rights it was registered with
   std::atomic<uint32_t> slots{0};
-  std::atomic<int> access{0};          // the rights it was registered with
-  std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
-  std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
 };
 
 // Page bitmaps of a region; one bit per page. Guarded by its shard's lock.
@@ -91,12 +92,16 @@ size_t PageMap::PurgeDirtyFree(Purge purge) {
   return purged;
 }
 
-struct Region {
+// Laid out for the lookup hit path: seq, base, size and everything it reads
+// of the default domain's registration share the first cache line.
+struct alignas(64) Region {
   // Identity. seq is odd while the region is live (mapped, findable);
   // lookups read base/size and then check that seq has not moved.
   std::atomic<uint64_t> seq{0};
   std::atomic<uintptr_t> base{0};
   std::atomic<size_t> size{0};
+  // Each domain's registration; written under reg_lock.
+  RegSlot reg[kMaxDomains];
 
   // Page heap; guarded by the lock of the region store's shard it belongs to.
   PageMap pages;
@@ -119,7 +124,6 @@ struct Region {
   SpinLock reg_lock{LockRank::kRegion};
   std::atomic<bool> release_wanted{false};
   std::atomic<int> registrations{0};
-  RegSlot reg[kMaxDomains];
 
   uintptr_t begin() const { return base.load(std::memory_order_relaxed); }
   size_t length() const { return size.load(std::memory_order_relaxed); }

@@ -5,8 +5,8 @@ set -eu
 lib="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; shift
 lookup="$1"; shift
 message_path="$1"; shift
-out=$("$lookup" --benchmark_min_time=0.01 --benchmark_filter='BM_LookupHit/64/threads:1|NotOurs' 2>&1)
-grep -q 'BM_LookupHit/64' <<<"$out" && grep -q 'BM_LookupMissNotOurs' <<<"$out"
+out=$("$lookup" --benchmark_min_time=0.01 --benchmark_filter='BM_LookupHit/64/threads:1|NotOurs|BM_LookupRandom/threads:1' 2>&1)
+grep -q 'BM_LookupHit/64' <<<"$out" && grep -q 'BM_LookupMissNotOurs' <<<"$out" && grep -q 'BM_LookupRandom' <<<"$out"
 out=$("$message_path" --benchmark_min_time=0.01 --benchmark_filter='FreshBuffer_.*/65536' 2>&1)
 for kind in Rdmalloc RegPerMsg UcxRcache; do
   grep -q "BM_FreshBuffer_$kind/65536" <<<"$out" || { echo "$out"; exit 1; }
