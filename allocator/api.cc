@@ -16,6 +16,11 @@ RDMALLOC_EXPORT int rdmalloc_lookup(const void* addr, size_t len, struct ibv_pd*
   return TheHeap().Lookup(addr, len, pd, out);
 }
 
+RDMALLOC_EXPORT int rdmalloc_owns(const void* addr, size_t len) {
+  EnsureInitialised();
+  return TheHeap().RegionOf(addr, len) != nullptr ? 1 : 0;
+}
+
 RDMALLOC_EXPORT int rdmalloc_add_pd(struct ibv_pd* pd, int access) {
   EnsureInitialised();
   return TheHeap().AddDomain(pd, access);

@@ -61,6 +61,11 @@ struct rdmalloc_keys {
  * and makes no system call. Keys stay valid until the allocation is freed. */
 int rdmalloc_lookup(const void *addr, size_t len, struct ibv_pd *pd, struct rdmalloc_keys *out);
 
+/* 1 if [addr, addr+len) lies in one live region of rdmalloc's heap, else 0.
+ * Takes no lock, registers nothing, never waits: safe under another cache's
+ * locks (libfabric's monitor asks it whether a range will be notified). */
+int rdmalloc_owns(const void *addr, size_t len);
+
 /* Make the heap available under another PD (another device), or stop doing so.
  * On the uring backend a "pd" is an opaque non-NULL token that gets its own
  * pinning ring. Returns 0 or a negative RDMALLOC_E* code. */

@@ -6,7 +6,6 @@
 
 #include <rdma/fi_errno.h>
 
-#include "allocator/heap.h"
 #include "allocator/rdmalloc.h"
 #include "integrations/libfabric_monitor.h"
 #include "integrations/shared_library.h"
@@ -30,10 +29,10 @@ int Start(fid_mem_monitor* monitor) {
 // monitor's (by then empty) list of caches, which is harmless.
 void Stop(fid_mem_monitor* monitor) { rdmalloc_on_release_remove(Notify, monitor); }
 
-// Runs under libfabric's monitor lock, which Notify takes: RegionOf takes no
-// lock at all.
+// Runs under libfabric's monitor lock, which Notify takes: rdmalloc_owns
+// takes no lock at all.
 int Subscribe(fid_mem_monitor*, const void* addr, size_t len) {
-  return TheHeap().RegionOf(addr, len) != nullptr ? 0 : -FI_EINVAL;
+  return rdmalloc_owns(addr, len) ? 0 : -FI_EINVAL;
 }
 
 // Notifications come per released region, not per subscription: nothing to undo.

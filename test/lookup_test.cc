@@ -173,6 +173,30 @@ TEST(LookupErrors, RangeCrossingTheRegion) {
   free(p);
 }
 
+// rdmalloc_owns answers what a lookup would, without registering: heap
+// ranges inside one region are owned; stack, static, foreign mmap, NULL and
+// a range running out of its region are not.
+TEST(Owns, HeapRangesInsideOneRegionOnly) {
+  void* p = malloc(100);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, 100, nullptr, &k), RDMALLOC_OK);
+  size_t to_end = reinterpret_cast<uintptr_t>(k.region_base) + k.region_len -
+                  reinterpret_cast<uintptr_t>(p);
+  EXPECT_EQ(rdmalloc_owns(p, 100), 1);
+  EXPECT_EQ(rdmalloc_owns(p, to_end), 1);
+  EXPECT_EQ(rdmalloc_owns(p, to_end + 1), 0);
+  EXPECT_EQ(rdmalloc_owns(p, SIZE_MAX), 0);
+  int on_stack[16];
+  EXPECT_EQ(rdmalloc_owns(on_stack, sizeof on_stack), 0);
+  EXPECT_EQ(rdmalloc_owns(g_static_buffer, sizeof g_static_buffer), 0);
+  EXPECT_EQ(rdmalloc_owns(nullptr, 1), 0);
+  void* foreign = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(foreign, MAP_FAILED);
+  EXPECT_EQ(rdmalloc_owns(foreign, 100), 0);
+  munmap(foreign, 1 << 20);
+  free(p);
+}
+
 TEST(LookupErrors, BadArguments) {
   void* p = malloc(100);
   rdmalloc_keys k;

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "allocator/config.h"
-#include "allocator/heap.h"
 #include "allocator/log.h"
 #include "allocator/rdmalloc.h"
 
