@@ -4,6 +4,9 @@
 #ifndef BENCHMARKS_WORKLOADS_WORKLOAD_H_
 #define BENCHMARKS_WORKLOADS_WORKLOAD_H_
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -84,6 +87,26 @@ void RunThreads(int n, OneThread one, const Work& work) {
   std::vector<std::thread> ts;
   for (int i = 0; i < n; i++) ts.emplace_back([&work, i] { work(i); });
   for (std::thread& t : ts) t.join();
+}
+
+// Pins the calling thread to the k-th CPU it may run on (modulo their
+// number). For workloads whose threads hand work to each other: left to the
+// scheduler, a pair sometimes shares a core and sometimes not, and the
+// throughput of the same run jumps fourfold between the two.
+inline void PinToCpu(int k) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  int n = CPU_COUNT(&allowed);
+  if (n <= 0) return;
+  int want = k % n;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &allowed) || want-- != 0) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    return;
+  }
 }
 
 // What verify() returns: the op count, or nothing when the check failed (it has
