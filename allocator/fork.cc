@@ -4,6 +4,7 @@
 
 #include <atomic>
 
+
 namespace rdmalloc {
 namespace {
 
@@ -49,12 +50,3 @@ void SetForkHandlers(LockRank rank, const ForkHandlers& handlers) {
 }
 
 }  // namespace rdmalloc
-
-extern "C" int rdmj_pthread_atfork(void (*prepare)(), void (*parent)(), void (*child)()) {
-  rdmalloc::ForkHandlers jemalloc;
-  jemalloc.prepare = prepare;
-  jemalloc.parent = parent;
-  jemalloc.child = child;
-  rdmalloc::SetForkHandlers(rdmalloc::LockRank::kJemalloc, jemalloc);
-  return 0;
-}

@@ -26,6 +26,7 @@ void SetForkHandlers(LockRank rank, const ForkHandlers& handlers);
 
 // jemalloc's call to pthread_atfork, renamed: records its handlers as the
 // kJemalloc rank and registers the protocol with the C library (once).
+// Defined with jemalloc (allocator/jemalloc_fork.cc).
 extern "C" int rdmj_pthread_atfork(void (*prepare)(), void (*parent)(), void (*child)());
 
 #endif  // RDMALLOC_ALLOCATOR_FORK_H_

@@ -5,6 +5,7 @@
 #define RDMALLOC_ALLOCATOR_JEMALLOC_API_H_
 
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 
 #include <cstddef>
 
@@ -15,7 +16,28 @@ struct ArenaConfig {
   bool metadata_use_hooks;  // the arena's own metadata through its hooks too
 };
 
+// jemalloc 5.3's malloc_mutex_t (include/jemalloc/internal/mutex.h, as
+// Debian builds it: no debug, pthread mutexes): 64 bytes of profiling data,
+// then the mutex. Checked by //test:fork_protocol_test against the lock
+// jemalloc really takes.
+struct JemallocMutex {
+  unsigned char prof_data[64];
+  pthread_mutex_t lock;
+};
+
+// The head of jemalloc 5.3's global extent map (emap_t, whose first member
+// is an rtree_t): the lock jemalloc takes to add a node to the map
+// (rtree.c's init_lock). jemalloc_prefork does not take it.
+struct JemallocExtentMap {
+  void* base;
+  JemallocMutex init_lock;
+};
+
 extern "C" {
+extern JemallocExtentMap je_arena_emap_global;
+// What jemalloc's own fork-child handler does to each of its mutexes.
+void je_malloc_mutex_postfork_child(void* tsdn, JemallocMutex* mutex);
+
 // jemalloc's own hooks (mmap and madvise), for memory that is not rdmalloc's.
 extern const extent_hooks_t je_ehooks_default_extent_hooks;
 // What every arena is made with (jemalloc's arena_config_default, as its

@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "allocator/jemalloc_api.h"
 #include "allocator/rdmalloc.h"
 #include "test/test_util.h"
 
@@ -151,6 +152,55 @@ TEST(ForkProtocol, RegistrationsAndClassArenasDuringFork) {
     }
   });
   EXPECT_EQ(done, 100);
+}
+
+// jemalloc adds a node to its extent map (a leaf per GiB of address space)
+// under a lock jemalloc_prefork leaves out, allocating the node through
+// rdmalloc's hooks meanwhile. 3 GiB of address space, never touched, reach
+// into a GiB the map has not seen.
+void* BlockInANewGiB() { return malloc(size_t{3} << 30); }
+
+pthread_mutex_t* ExtentMapLock() { return &je_arena_emap_global.init_lock.lock; }
+
+// jemalloc_api.h's picture of jemalloc's extent map is jemalloc's.
+TEST(ExtentMapLock, IsTheLockJemallocTakesToGrowItsExtentMap) {
+  ASSERT_EQ(pthread_mutex_lock(ExtentMapLock()), 0);
+  std::atomic<bool> made{false};
+  void* p = nullptr;
+  std::thread t([&] {
+    p = BlockInANewGiB();
+    made = true;
+  });
+  usleep(300 * 1000);
+  EXPECT_FALSE(made.load()) << "a block in a new GiB was made while the extent map's lock was "
+                               "held: jemalloc_api.h's layout is not jemalloc's";
+  ASSERT_EQ(pthread_mutex_unlock(ExtentMapLock()), 0);
+  t.join();
+  ASSERT_NE(p, nullptr);
+  free(p);
+}
+
+// The lock held at fork (here by the forking thread, in the fork matrix by a
+// thread starting up in a fresh process): the child's first block in a new
+// GiB waited for it forever before fork.cc re-initialised it in the child.
+TEST(ExtentMapLock, AChildForkedWhileTheMapGrewGrowsItToo) {
+  ASSERT_EQ(pthread_mutex_lock(ExtentMapLock()), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(20);
+    void* p = BlockInANewGiB();
+    if (p == nullptr) _exit(2);
+    memset(p, 1, 4096);
+    free(p);
+    _exit(0);
+  }
+  ASSERT_EQ(pthread_mutex_unlock(ExtentMapLock()), 0);
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+      << "the child hung on the extent map's lock";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 }  // namespace
