@@ -162,12 +162,16 @@ TEST(LookupErrors, NotRdmallocMemory) {
   munmap(foreign, 1 << 20);
 }
 
+// From p to the end of the region its keys describe.
+size_t BytesToRegionEnd(const void* p, const rdmalloc_keys& k) {
+  return reinterpret_cast<uintptr_t>(k.region_base) + k.region_len - reinterpret_cast<uintptr_t>(p);
+}
+
 TEST(LookupErrors, RangeCrossingTheRegion) {
   void* p = malloc(100);
   rdmalloc_keys k;
   ASSERT_EQ(rdmalloc_lookup(p, 100, nullptr, &k), RDMALLOC_OK);
-  size_t to_end = reinterpret_cast<uintptr_t>(k.region_base) + k.region_len -
-                  reinterpret_cast<uintptr_t>(p);
+  size_t to_end = BytesToRegionEnd(p, k);
   EXPECT_EQ(rdmalloc_lookup(p, to_end, nullptr, &k), RDMALLOC_OK);
   EXPECT_EQ(rdmalloc_lookup(p, to_end + 1, nullptr, &k), RDMALLOC_ECROSS);
   free(p);
@@ -180,8 +184,7 @@ TEST(Owns, HeapRangesInsideOneRegionOnly) {
   void* p = malloc(100);
   rdmalloc_keys k;
   ASSERT_EQ(rdmalloc_lookup(p, 100, nullptr, &k), RDMALLOC_OK);
-  size_t to_end = reinterpret_cast<uintptr_t>(k.region_base) + k.region_len -
-                  reinterpret_cast<uintptr_t>(p);
+  size_t to_end = BytesToRegionEnd(p, k);
   EXPECT_EQ(rdmalloc_owns(p, 100), 1);
   EXPECT_EQ(rdmalloc_owns(p, to_end), 1);
   EXPECT_EQ(rdmalloc_owns(p, to_end + 1), 0);
