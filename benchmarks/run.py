@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = None  # the optimised build's bazel-bin, set in main()
@@ -117,6 +118,50 @@ def scaling(rounds):
             print(f"scaling {name:12s} t={threads} " +
                   " ".join(f"{a}={row[a]:.3g}" for a in ALLOCATORS) +
                   (f" lock waits/1k ops={row['waits_per_kop']:.3f}" if waits else ""), flush=True)
+    return rows
+
+
+# Short-lived programs: what an allocator costs up front. Whole runs timed
+# (wall clock, fork to exit) and their peak RSS, interleaved per allocator.
+def startup_programs():
+    return [
+        ("tiny: malloc(100), exit", [os.path.join(BIN, "benchmarks", "workloads", "tiny")]),
+        ("python3 -c pass", ["/usr/bin/python3", "-c", "pass"]),
+        ("sort of 20k lines", ["/usr/bin/sort", "-o", "/dev/null", SORT_INPUT]),
+    ]
+
+
+SORT_INPUT = "/tmp/rdmalloc_bench_sort_input.txt"
+
+
+def startup(runs):
+    with open(SORT_INPUT, "w") as f:
+        for i in range(20000):
+            f.write(f"{(i * 7919) % 20011:08d} line {i}\n")
+    rows = []
+    for name, cmd in startup_programs():
+        res = {a: {"s": [], "rss": []} for a in ALLOCATORS}
+        for _ in range(runs):
+            for a in ALLOCATORS:
+                env = dict(os.environ)
+                env.pop("LD_PRELOAD", None)
+                if preload(a):
+                    env["LD_PRELOAD"] = preload(a)
+                t0 = time.perf_counter()
+                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                t = time.perf_counter() - t0
+                if status != 0:
+                    raise RuntimeError(f"{cmd} under {a} failed: status {status}")
+                res[a]["s"].append(t)
+                res[a]["rss"].append(usage.ru_maxrss)
+        row = {"program": name}
+        for a in ALLOCATORS:
+            row[a] = median(res[a]["s"])
+            row[a + "_rss"] = median(res[a]["rss"])
+        rows.append(row)
+        print(f"startup {name:26s} " + " ".join(
+            f"{a}={row[a] * 1e3:.2f}ms/{row[a + '_rss'] / 1024:.2f}MiB" for a in ALLOCATORS), flush=True)
     return rows
 
 
@@ -244,6 +289,20 @@ def write_markdown(path, res):
     L.append("")
     L.append(f"Lowest throughput ratio to jemalloc: {worst['rdm_vs_jem']:.3f} ({worst['workload']}, "
              f"{worst['threads']} thread(s)); target ≥ 1.00.\n")
+    if res.get("startup"):
+        L.append("## Short-lived programs\n")
+        L.append("Whole runs, fork to exit (wall clock), and peak RSS, median of "
+                 f"{res['startup_runs']} interleaved runs per allocator: what each allocator costs a "
+                 "program up front. Time ratios below 1.00 mean rdmalloc is faster.\n")
+        L.append("| program | glibc | jemalloc | rdmalloc | time rdmalloc / jemalloc | "
+                 "RSS glibc | RSS jemalloc | RSS rdmalloc | RSS rdmalloc / jemalloc |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for r in res["startup"]:
+            L.append(f"| {r['program']} | {r['glibc'] * 1e3:.2f} ms | {r['jemalloc'] * 1e3:.2f} ms | "
+                     f"{r['rdmalloc'] * 1e3:.2f} ms | **{r['rdmalloc'] / r['jemalloc']:.3f}** | "
+                     f"{r['glibc_rss'] / 1024:.2f} MiB | {r['jemalloc_rss'] / 1024:.2f} MiB | "
+                     f"{r['rdmalloc_rss'] / 1024:.2f} MiB | **{r['rdmalloc_rss'] / r['jemalloc_rss']:.2f}** |")
+        L.append("")
     if res.get("scaling"):
         L.append("## Thread scaling\n")
         L.append(f"Operations per second at 1, 2, 4 and 8 threads on this machine's {os.cpu_count()} "
@@ -320,6 +379,7 @@ def main():
     ap.add_argument("--vm", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the message path on real verbs in the soft-RoCE VM")
     ap.add_argument("--vm-min-time", default="0.05")
+    ap.add_argument("--startup-runs", type=int, default=21)
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown and plot from docs/benchmarks.json")
     args = ap.parse_args()
@@ -334,6 +394,7 @@ def main():
     BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
     rows = workloads(args.rounds, [int(t) for t in args.threads.split(",")])
     scale_rows = scaling(args.rounds)
+    start_rows = startup(args.startup_runs)
     per, keys, steady = message_path(args.min_time)
     vm = None
     if args.vm:
@@ -346,7 +407,8 @@ def main():
         "rounds": args.rounds, "started": f"{started:%Y-%m-%d %H:%M}",
         "git": sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip(),
         "machine": f"{os.cpu_count()} cores ({cpu}), {platform.release()} kernel, glibc {platform.libc_ver()[1]}",
-        "rows": rows, "scaling": scale_rows, "per": per, "keys": keys, "steady": steady, "look": look,
+        "rows": rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
+        "per": per, "keys": keys, "steady": steady, "look": look,
         "vm": [vm[0], vm[1]] if vm else None,
     }
     save(res, args.out)
