@@ -333,8 +333,8 @@ def write_markdown(path, res):
     if rnd is not None and probe is not None:
         L.append(f"On the random pattern (8192 live buffers in many regions), the lookup itself costs "
                  f"**{rnd - probe:.2f} ns**: {rnd:.2f} ns per iteration less {probe:.2f} ns for the "
-                 "same loop touching each buffer instead of looking it up (`BM_LookupRandomProbeOnly`, "
-                 "which pays the same index-table load and one cache miss per buffer).\n")
+                 "same loop without the call (`BM_LookupRandomProbeOnly`: the index table and each "
+                 "buffer's address and length loaded and passed on).\n")
     L.append("## The message path: a fresh buffer per message\n")
     L.append("Each message: `malloc(n)`, get keys for it, touch it, `free`. Keys come from "
              "`rdmalloc_lookup` (the heap is registered already), from registering and deregistering "
