@@ -87,9 +87,17 @@ TEST(JemallocThreads, HooksUnderAllocationFreeAndPurgeFromManyThreads) {
   std::vector<std::atomic<Block*>> shared(kShared);
   for (auto& s : shared) s.store(nullptr);
   std::atomic<int> failures{0};
+  std::atomic<int> with_arena{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; t++) {
     threads.emplace_back([&, t] {
+      // A thread's first malloc makes its automatic arena, publishing it
+      // with jemalloc's atomics, which TSan does not see: a purge of every
+      // arena meanwhile read as a race on the new arena's mutexes. Every
+      // arena is made before any thread purges.
+      rdmj_free(rdmj_malloc(1));
+      with_arena.fetch_add(1);
+      while (with_arena.load() < kThreads) std::this_thread::yield();
       std::mt19937_64 rng(31 + t);
       Block mine[kSlots];
       for (int round = 0; round < 3000; round++) {
