@@ -122,7 +122,8 @@ def scaling(rounds):
 
 
 # Short-lived programs: what an allocator costs up front. Whole runs timed
-# (wall clock, fork to exit) and their peak RSS, interleaved per allocator.
+# (wall clock, fork to exit) and their own peak RSS (spawn_rss.cc says why
+# not this process's wait4), interleaved per allocator.
 def startup_programs():
     return [
         ("tiny: malloc(100), exit", [os.path.join(BIN, "benchmarks", "workloads", "tiny")]),
@@ -145,16 +146,12 @@ def startup(runs):
             for a in ALLOCATORS:
                 env = dict(os.environ)
                 env.pop("LD_PRELOAD", None)
-                if preload(a):
-                    env["LD_PRELOAD"] = preload(a)
-                t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-                _, status, usage = os.wait4(proc.pid, 0)
-                t = time.perf_counter() - t0
-                if status != 0:
-                    raise RuntimeError(f"{cmd} under {a} failed: status {status}")
+                out = sh([os.path.join(BIN, "benchmarks", "workloads", "spawn_rss"), preload(a) or ""]
+                         + cmd, env=env)
+                fields = dict(kv.split("=", 1) for kv in out.split())
+                t, rss = float(fields["seconds"]), int(fields["maxrss_kib"])
                 res[a]["s"].append(t)
-                res[a]["rss"].append(usage.ru_maxrss)
+                res[a]["rss"].append(rss)
         row = {"program": name}
         for a in ALLOCATORS:
             row[a] = median(res[a]["s"])
