@@ -50,12 +50,18 @@ void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {
   }
 }
 
-size_t PageMap::FindFree(size_t n, size_t align, size_t skew) const {
+size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident) const {
+  size_t best = npages_, best_resident = 0;
   if (n == 0 || n > npages_ - used_pages_) return npages_;
-  size_t p = 0;
-  while (p + n <= npages_) {
-    // Skip whole used words quickly.
-    if (p % 64 == 0 && used_[p / 64] == ~uint64_t{0}) {
+  auto consider = [&](size_t at) {
+    size_t r = CountSet(dirty_, at, n);
+    if (best == npages_ || r > best_resident) {
+      best = at;
+      best_resident = r;
+    }
+  };
+  for (size_t p = 0; p < npages_ && best_resident < n;) {
+    if (p % 64 == 0 && used_[p / 64] == ~uint64_t{0}) {  // skip whole used words
       p += 64;
       continue;
     }
@@ -63,15 +69,18 @@ size_t PageMap::FindFree(size_t n, size_t align, size_t skew) const {
       p++;
       continue;
     }
-    size_t start = ((p + skew + align - 1) & ~(align - 1)) - skew;
-    if (start + n > npages_) return npages_;
-    if (!AnySet(used_, start, n)) return start;
-    // Move past the first used page inside [start, start+n).
-    size_t q = start;
-    while (!((used_[q / 64] >> (q % 64)) & 1)) q++;
-    p = q + 1;
+    size_t end = p + 1;  // the free run [p, end)
+    while (end < npages_ && !((used_[end / 64] >> (end % 64)) & 1)) end++;
+    size_t low = ((p + skew + align - 1) & ~(align - 1)) - skew;
+    if (low + n <= end) {
+      consider(low);
+      size_t high = ((end - n + skew) & ~(align - 1)) - skew;
+      if (high > low) consider(high);
+    }
+    p = end;
   }
-  return npages_;
+  if (resident != nullptr) *resident = best_resident;
+  return best;
 }
 
 bool PageMap::IsFree(size_t first, size_t n) const {

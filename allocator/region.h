@@ -41,9 +41,12 @@ class PageMap {
   size_t npages() const { return npages_; }
   size_t used_pages() const { return used_pages_; }
 
-  // First free run of n pages whose first page p has (p + skew) % align == 0
-  // (align in pages, a power of two). Returns npages() if none.
-  size_t FindFree(size_t n, size_t align, size_t skew) const;
+  // A place for n free pages whose first page p has (p + skew) % align == 0
+  // (align in pages, a power of two): of each free run's lowest and highest
+  // such place, the one with the most resident (dirty) pages, since reusing
+  // them costs no page fault; ties go to the lowest address. *resident, if
+  // given, gets that count. Returns npages() if none.
+  size_t FindFree(size_t n, size_t align, size_t skew, size_t* resident = nullptr) const;
   bool IsFree(size_t first, size_t n) const;
   // Marks [first, first+n) used and dirty; returns how many of those pages
   // were dirty (0: all read as zero).

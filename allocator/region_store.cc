@@ -71,20 +71,27 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
       // A request of its own size: a kept dedicated region that fits.
       r = KeptDedicatedLocked(s, access_class, size, alignment);
     } else {
-      // Fullest region that fits: busy regions pack tighter and nearly empty
-      // ones drain, so they can be released (a region is only released
-      // whole); ties go to the lower address.
-      size_t best_free = SIZE_MAX;
+      // Most resident pages first (reusing them costs no page fault), then
+      // the fullest region: busy regions pack tighter and nearly empty ones
+      // drain, so they can be released (a region is only released whole);
+      // ties go to the lower address. A registered region is resident
+      // throughout (pinned), so among registered regions the fullest wins.
+      size_t best_resident = 0, best_free = SIZE_MAX;
       for (Region* c = s.regions; c != nullptr; c = c->next) {
         size_t free_pages = c->pages.npages() - c->pages.used_pages();
-        if (c->dedicated || c->access_class != access_class || free_pages < n ||
-            free_pages >= best_free)
-          continue;
+        if (c->dedicated || c->access_class != access_class || free_pages < n) continue;
+        bool pinned = c->registrations.load(std::memory_order_relaxed) > 0;
+        if (r != nullptr && !pinned && c->pages.dirty_free_pages() < best_resident) continue;
         size_t skew = (c->begin() >> kPageShift) & (align - 1);
-        size_t at = c->pages.FindFree(n, align, skew);
-        if (at < c->pages.npages()) {
+        size_t resident = 0;
+        size_t at = c->pages.FindFree(n, align, skew, &resident);
+        if (at >= c->pages.npages()) continue;
+        if (pinned) resident = n;
+        if (r == nullptr || resident > best_resident ||
+            (resident == best_resident && free_pages < best_free)) {
           r = c;
           first = at;
+          best_resident = resident;
           best_free = free_pages;
         }
       }

@@ -141,6 +141,40 @@ TEST(PageMapTest, FullMapFindsNothing) {
   EXPECT_EQ(m.FindFree(1, 2, 1), 129u);
 }
 
+// Resident pages are reused before purged or never-touched ones: each of
+// them would cost a page fault.
+TEST(PageMapTest, FindFreePrefersResidentPages) {
+  TestPages t(100);
+  PageMap& m = t.map;
+  m.Take(0, 100);
+  m.Give(0, 30, /*purged=*/true);   // [0,30) reads as zero: faults again
+  m.Give(40, 30, /*purged=*/false);  // [40,70) resident
+  m.Give(80, 20, /*purged=*/false);  // [80,100) resident
+  size_t resident = 0;
+  EXPECT_EQ(m.FindFree(10, 1, 0, &resident), 40u);
+  EXPECT_EQ(resident, 10u);
+  // 25 pages fit in [0,30) and [40,70): the resident run wins.
+  EXPECT_EQ(m.FindFree(25, 1, 0, &resident), 40u);
+  EXPECT_EQ(resident, 25u);
+  // The high end of a run counts too: [70,80) taken back, [40,70) half purged.
+  m.Take(40, 30);
+  m.Give(40, 15, /*purged=*/true);
+  m.Give(55, 15, /*purged=*/false);
+  EXPECT_EQ(m.FindFree(15, 1, 0, &resident), 55u);
+  EXPECT_EQ(resident, 15u);
+  // Aligned: the highest aligned start of [40,70) for 8 pages is 56.
+  EXPECT_EQ(m.FindFree(8, 8, 0, &resident), 56u);
+  EXPECT_EQ(resident, 8u);
+  // 30 pages: [0,30) has none resident, [40,70) half.
+  EXPECT_EQ(m.FindFree(30, 1, 0, &resident), 40u);
+  EXPECT_EQ(resident, 15u);
+  // Nothing resident fits: a purged run still serves.
+  m.Take(40, 30);
+  EXPECT_EQ(m.FindFree(30, 1, 0, &resident), 0u);
+  EXPECT_EQ(resident, 0u);
+  EXPECT_EQ(m.FindFree(31, 1, 0, &resident), 100u);
+}
+
 // Reference model: one bool per page.
 struct Model {
   explicit Model(size_t n) : used(n, false), dirty(n, false) {}
@@ -157,13 +191,42 @@ struct Model {
       if (used[i]) return false;
     return true;
   }
-  // Linear: free_run[p] = free pages starting at p.
-  size_t FindFree(size_t n, size_t align, size_t skew) const {
+  // Linear, first fit: free_run[p] = free pages starting at p.
+  size_t FirstFit(size_t n, size_t align, size_t skew) const {
     std::vector<size_t> free_run(npages() + 1, 0);
     for (size_t p = npages(); p-- > 0;) free_run[p] = used[p] ? 0 : free_run[p + 1] + 1;
     for (size_t p = 0; p + n <= npages(); p++)
       if ((p + skew) % align == 0 && free_run[p] >= n) return p;
     return npages();
+  }
+  // Each maximal free run's lowest and highest aligned placement; the first
+  // with the most dirty pages.
+  size_t FindResident(size_t n, size_t align, size_t skew, size_t* resident) const {
+    size_t best = npages(), best_dirty = 0;
+    if (n == 0) return best;
+    auto consider = [&](size_t at) {
+      size_t d = 0;
+      for (size_t i = at; i < at + n; i++) d += dirty[i];
+      if (best == npages() || d > best_dirty) best = at, best_dirty = d;
+    };
+    for (size_t a = 0; a < npages();) {
+      if (used[a]) {
+        a++;
+        continue;
+      }
+      size_t b = a;
+      while (b < npages() && !used[b]) b++;
+      std::vector<size_t> fits;
+      for (size_t p = a; p + n <= b; p++)
+        if ((p + skew) % align == 0) fits.push_back(p);
+      if (!fits.empty()) {
+        consider(fits.front());
+        if (fits.back() != fits.front()) consider(fits.back());
+      }
+      a = b;
+    }
+    *resident = best_dirty;
+    return best;
   }
   size_t Take(size_t first, size_t n) {
     size_t d = 0;
@@ -211,8 +274,13 @@ void RunRandom(size_t npages, uint64_t seed, int steps) {
     size_t skew = rnd(0, 3) == 0 ? rnd(0, 2 * align) : rnd(0, align - 1);
     // Mostly small runs, sometimes large ones, so the map fills and drains.
     size_t n = rnd(0, 4) == 0 ? rnd(1, npages) : rnd(1, 16 < npages ? 16 : npages);
-    size_t want = model.FindFree(n, align, skew);
-    ASSERT_EQ(m.FindFree(n, align, skew), want) << "n=" << n << " align=" << align << " skew=" << skew;
+    size_t resident = 0, want_resident = 0;
+    size_t want = m.FindFree(n, align, skew, &resident);
+    ASSERT_EQ(want, model.FindResident(n, align, skew, &want_resident))
+        << "n=" << n << " align=" << align << " skew=" << skew;
+    ASSERT_EQ(resident, want_resident);
+    // A place is found exactly when one exists.
+    ASSERT_EQ(want < npages, model.FirstFit(n, align, skew) < npages);
     int op = static_cast<int>(rnd(0, 9));
     if (op < 5 && want < npages) {
       // Take the run we found.
