@@ -50,6 +50,7 @@ struct Config {
   char stats_file[256] = {};
   int verbose = 0;
   int notify = 0;  // kNotify* bits
+  int interpose = 1;  // serve the program's ibv_reg_mr from the heap's registrations
 };
 
 constexpr size_t kMinRegionSize = size_t{2} << 20;

@@ -44,6 +44,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_STREQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.verbose, b.verbose);
   EXPECT_EQ(a.notify, b.notify);
+  EXPECT_EQ(a.interpose, b.interpose);
 }
 
 class ConfigTest : public ::testing::Test {
@@ -74,7 +75,8 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
   std::set<std::string> want = {"RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_REGION_SIZE",
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
                                 "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS", "RDMALLOC_NOTIFY",
-                                "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS", "RDMALLOC_RETAIN"};
+                                "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS", "RDMALLOC_RETAIN",
+                                "RDMALLOC_INTERPOSE"};
   EXPECT_EQ(g_asked, want);
 }
 
@@ -148,6 +150,8 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
   add("RDMALLOC_VERBOSE", "3", [](Config* c, const std::string&) { c->verbose = 3; });
+  add("RDMALLOC_INTERPOSE", "0", [](Config* c, const std::string&) { c->interpose = 0; });
+  add("RDMALLOC_INTERPOSE", "1", [](Config* c, const std::string&) { c->interpose = 1; });
   add("RDMALLOC_NOTIFY", "ucx", [](Config* c, const std::string&) { c->notify = kNotifyUcx; });
   add("RDMALLOC_NOTIFY", "libfabric", [](Config* c, const std::string&) { c->notify = kNotifyLibfabric; });
   add("RDMALLOC_NOTIFY", "libfabric,ucx", [](Config* c, const std::string&) {
@@ -227,6 +231,9 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_DECAY_MS", "10s", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "1e3", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "99999999999999999999999", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_INTERPOSE", "", "1"},
+      {"RDMALLOC_INTERPOSE", "yes", "1"},
+      {"RDMALLOC_INTERPOSE", "2", "1"},
       {"RDMALLOC_NOTIFY", "", "none"},
       {"RDMALLOC_NOTIFY", "UCX", "none"},
       {"RDMALLOC_NOTIFY", "ucx,", "none"},
@@ -477,6 +484,7 @@ TEST_F(ConfigTest, WarningTextsOfAnEmptyValue) {
       {"RDMALLOC_STATS", "(accepted: 0|1|json); using 0"},
       {"RDMALLOC_STATS_FILE", "(accepted: a path of 1 to 255 characters); using stderr"},
       {"RDMALLOC_VERBOSE", "(accepted: 0|1|2|3); using 0"},
+      {"RDMALLOC_INTERPOSE", "(accepted: 0|1); using 1"},
       {"RDMALLOC_NOTIFY", "(accepted: a comma list of ucx,libfabric); using none"},
   };
   ASSERT_EQ(sizeof want / sizeof want[0], kOptionCount);

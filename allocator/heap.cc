@@ -76,7 +76,8 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
 
 void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   // Freed pages stay resident for reuse while what rdmalloc keeps stays
-  // within RDMALLOC_RETAIN. Past it, an unregistered region gives them back
+  // within RDMALLOC_RETAIN. Past it, an unregistered region that no memory
+  // registration of the program's holds gives them back
   // to the OS as jemalloc would: under reg_lock, so no registration can pin
   // them meanwhile (if the lock is busy, a registration is under way and the
   // pages simply stay). With observers nothing is purged: another cache may
@@ -86,7 +87,8 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   bool purged = false;
   if (!release_.observed() && r->registrations.load() == 0 && store_.OverRetain(size) &&
       r->reg_lock.TryLock()) {
-    if (r->registrations.load() == 0) purged = madvise(addr, size, MADV_DONTNEED) == 0;
+    if (r->registrations.load() == 0 && r->mr_holds.load() == 0)
+      purged = madvise(addr, size, MADV_DONTNEED) == 0;
     Unlock(r);
   }
   if (store_.Give(r, addr, size, purged) == RegionStore::Gave::kEmpty) Release(r);
@@ -229,6 +231,66 @@ int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   return RDMALLOC_OK;
 }
 
+// ------------------------------------------- the program's registrations
+
+int Heap::ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access,
+                            rdmalloc_keys* keys, Region** held) {
+  if (pd == nullptr || !regs_.verbs_chosen()) return RDMALLOC_ENOTSUP;
+  // Whether it can be served at all, before anything is registered for it.
+  Region* r = store_.RegionOf(addr, len);
+  if (r == nullptr) return RDMALLOC_ENOTOURS;  // not heap, or crossing regions
+  int d = regs_.DomainIndex(pd);
+  if ((access & ~regs_.RegionAccess(r, d, config_.access)) != 0)
+    return RDMALLOC_ENOTSUP;  // rights beyond the region's
+  if (d < 0) {
+    // A pd seen for the first time: the heap is registered on it with the
+    // plain heap's rights, as rdmalloc_add_pd would.
+    int rc = AddDomain(pd, config_.access);
+    if (rc != RDMALLOC_OK && regs_.DomainIndex(pd) < 0) return rc;
+  }
+  int rc = Lookup(addr, len, pd, keys);
+  if (rc != RDMALLOC_OK) return rc;
+  if ((access & ~keys->access) != 0) return RDMALLOC_ENOTSUP;
+  if (store_.Find(reinterpret_cast<uintptr_t>(addr)) != r) return RDMALLOC_ENOTOURS;
+  // Registered, so never purged: the hold needs no reg_lock. It only keeps
+  // the region from release, and only as it was looked up (it may have been
+  // released meanwhile if the program registers memory it does not own).
+  if (!store_.Hold(r)) return RDMALLOC_ENOTOURS;
+  RegSlot& slot = r->reg[keys->domain];
+  if (r->begin() != reinterpret_cast<uintptr_t>(keys->region_base) ||
+      slot.state.load() != RegSlot::kRegistered || slot.lkey.load() != keys->lkey) {
+    DropHold(r);
+    return RDMALLOC_ENOTOURS;
+  }
+  *held = r;
+  return RDMALLOC_OK;
+}
+
+size_t Heap::HoldRange(const void* addr, size_t len, Region** held, size_t max) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  if (len == 0 || len > UINTPTR_MAX - a) return 0;
+  size_t count = 0;
+  uintptr_t end = a + len;
+  // Each region is chunk-aligned: one probe per chunk finds every one.
+  for (uintptr_t c = a & ~(kChunkSize - 1); c < end && count < max; c += kChunkSize) {
+    Region* r = store_.Find(c < a ? a : c);
+    if (r == nullptr || (count > 0 && held[count - 1] == r)) continue;
+    // Under reg_lock: the dalloc hook's purge of an unregistered region
+    // checks the holds under it, so no purge can pass this hold unseen.
+    r->reg_lock.Lock();
+    bool ok = store_.Hold(r);
+    Unlock(r);
+    if (ok) held[count++] = r;
+  }
+  return count;
+}
+
+// Dropping a hold only allows what later decisions, under their own locks,
+// may do: no reg_lock.
+void Heap::DropHold(Region* r) {
+  if (store_.Drop(r) == RegionStore::Gave::kEmpty) Release(r);
+}
+
 int Heap::AddDomain(ibv_pd* pd, int access) {
   EnsureBackend();
   EnsureReleaseThread();
@@ -289,6 +351,11 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.bytes_mapped = store_.bytes_mapped();
   s.heap_lock_waits = store_.shard_lock_waits();
   s.bytes_retained = store_.retained_bytes();
+  s.releases_held_by_mrs = store_.releases_held();
+  s.mrs_served = get(mr_counters_.served);
+  s.mrs_forwarded = get(mr_counters_.forwarded);
+  s.mrs_live = get(mr_counters_.live);
+  s.mrs_forwarded_on_heap = get(mr_counters_.forwarded_on_heap);
   regs_.FillStats(&s);
   for (const Stripe& st : stripes_) {
     s.lookups += get(st.lookups);

@@ -80,6 +80,24 @@ class Heap {
   inline int Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out);
   int AddDomain(ibv_pd* pd, int access);
   int RemoveDomain(ibv_pd* pd);
+  // The program's own memory registrations (allocator/verbs_interpose.cc).
+  // Serves one on [addr, addr+len) under pd with `access`
+  // (RDMALLOC_ACCESS_* bits) from the region's registration: a pd seen for
+  // the first time is added with RDMALLOC_ACCESS's rights. RDMALLOC_OK: keys
+  // filled and the region held (*held; DropHold when the MR goes). Otherwise
+  // the caller registers for itself (and holds with HoldRange).
+  int ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access,
+                        rdmalloc_keys* keys, Region** held);
+  // Holds every live region with pages in [addr, addr+len), up to `max`:
+  // while held, none of their pages is purged and none is released. Returns
+  // how many are held.
+  size_t HoldRange(const void* addr, size_t len, Region** held, size_t max);
+  void DropHold(Region* r);
+  // What the interposer counts, for rdmalloc_stats and the report.
+  struct MrCounters {
+    std::atomic<uint64_t> served{0}, forwarded{0}, live{0}, forwarded_on_heap{0};
+  };
+  MrCounters& mr_counters() { return mr_counters_; }
   const char* BackendName() { return regs_.BackendName(); }
   // For reports: the device in use, or what stands in for one.
   const char* DeviceDescription() { return regs_.DeviceDescription(); }
@@ -145,6 +163,7 @@ class Heap {
   ReleasePipeline release_;
   Stripe stripes_[kStripes];
   std::atomic<uint64_t> lookup_reg_failed_{0}, lookup_slow_{0}, foreign_extents_{0};
+  MrCounters mr_counters_;
 };
 
 // Each thread bumps its own stripe of the lookup counter: no shared cache

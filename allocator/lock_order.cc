@@ -19,6 +19,7 @@ const char* LockRankName(LockRank rank) {
     case LockRank::kHeap: return "heap";
     case LockRank::kReleaseQueue: return "release queue";
     case LockRank::kRing: return "uring ring";
+    case LockRank::kMrTable: return "interposed MR table";
     case LockRank::kCount: break;
   }
   return "?";

@@ -36,7 +36,8 @@ enum class LockRank : uint8_t {
   kHeap = 7,          // a region store shard (list, page maps), or its descriptor pool
   kReleaseQueue = 8,  // regions waiting for the release thread
   kRing = 9,          // a uring domain's slot table and ring (system calls only)
-  kCount = 10,
+  kMrTable = 10,      // the interposer's MR records (system calls only)
+  kCount = 11,
 };
 
 const char* LockRankName(LockRank rank);

@@ -151,6 +151,7 @@ inline constexpr OptionWord kStatsWords[] = {
     {"json", static_cast<long long>(StatsMode::kJson)},
 };
 inline constexpr OptionWord kVerboseWords[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+inline constexpr OptionWord kOnOffWords[] = {{"0", 0}, {"1", 1}};
 inline constexpr OptionWord kNotifyWords[] = {
     {"ucx", kNotifyUcx},
     {"libfabric", kNotifyLibfabric},
@@ -245,6 +246,14 @@ inline constexpr Option kOptions[] = {
      "linked behind another malloc: see docs/EMBEDDING.md). `2`: also every region "
      "made or released and every (de)registration. `3`: also every extent jemalloc "
      "asks for (size, alignment, arena, access class)."},
+    {"RDMALLOC_INTERPOSE", OneOf(kOnOffWords), FieldOf<&Config::interpose>(), 1, "1",
+     "`0`, `1`", "`1`",
+     "`1`: with the verbs backend, the program's own `ibv_reg_mr`, `ibv_reg_mr_iova`, "
+     "`ibv_reg_mr_iova2` on heap memory are served from rdmalloc's registration of the "
+     "region (no kernel call) when the region's rights cover the request; everything "
+     "else goes to libibverbs. While any MR of the program covers heap pages, their "
+     "region is never purged or released. `0`: every call goes to libibverbs (MRs on "
+     "heap pages still hold their regions). See docs/INTERPOSE.md."},
     {"RDMALLOC_NOTIFY", ListOf(kNotifyWords, "LIST", "a comma list of ucx,libfabric"),
      FieldOf<&Config::notify>(), 0, "none",
      "comma list of `ucx`, `libfabric`", "none",

@@ -171,6 +171,12 @@ struct rdmalloc_stats {
   uint64_t releases_pending; /* regions queued for the release thread or being released by it */
   uint64_t heap_lock_waits;  /* extent requests and returns that found their shard's lock held */
   uint64_t bytes_retained;   /* freed bytes kept resident for reuse (RDMALLOC_RETAIN) */
+  /* ibv_reg_mr and friends of the program, interposed (RDMALLOC_INTERPOSE): */
+  uint64_t mrs_served;       /* served from rdmalloc's registrations, no kernel call */
+  uint64_t mrs_forwarded;    /* passed to libibverbs */
+  uint64_t mrs_live;         /* served MRs not yet deregistered */
+  uint64_t mrs_forwarded_on_heap; /* forwarded MRs live on heap pages (they hold regions) */
+  uint64_t releases_held_by_mrs;  /* empty regions kept past RDMALLOC_RETAIN for an MR */
 };
 /* Fills up to `size` bytes of *out (pass sizeof *out); out->size tells how
  * many were filled, so old callers keep working when the struct grows.

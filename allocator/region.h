@@ -119,6 +119,13 @@ struct alignas(64) Region {
   uint8_t access_class = 0;
   // Empty, and kept (mapped, still registered) for reuse within RDMALLOC_RETAIN.
   bool kept = false;
+  // Memory registrations of the program's own (interposed ibv_reg_mr, served
+  // or forwarded) covering pages of this region: while any exists, no page is
+  // purged and the region is not released. Changed under the shard's lock,
+  // which orders it with every release decision; a hold for an unregistered
+  // region is also taken under reg_lock, which orders it with the purge in
+  // the dalloc hook (a registered region is never purged anyway).
+  std::atomic<int> mr_holds{0};
   // The region store's shard (its arena's) that made it and guards its pages.
   uint8_t shard = 0;
 

@@ -170,6 +170,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   bytes_mapped_.fetch_add(bytes, std::memory_order_release);
   r->pages.Take(0, size >> kPageShift);  // fresh pages: clean
   r->kept = false;
+  r->mr_holds.store(0, std::memory_order_relaxed);
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   {
@@ -230,7 +231,8 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool pur
     // Kept while what is kept stays within RDMALLOC_RETAIN (its resident
     // pages counted already): the next request of the shard reuses it, with
     // its pages and registrations, instead of mapping a new region.
-    if (!OverRetain(0)) {
+    if (!OverRetain(0) || r->mr_holds > 0) {
+      if (r->mr_holds > 0 && OverRetain(0)) releases_held_.fetch_add(1, std::memory_order_relaxed);
       r->kept = true;
       gave = Gave::kKept;
     } else {
@@ -242,13 +244,38 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool pur
   return gave;
 }
 
+// A release wanted but put off: kept empty regions that MRs still hold.
+void RegionStore::CountHeldLocked(Shard& s) {
+  for (Region* c = s.regions; c != nullptr; c = c->next) {
+    if (c->kept && c->mr_holds > 0) releases_held_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool RegionStore::Hold(Region* r) {
+  Shard& s = shards_[r->shard];
+  SpinLockGuard g(s.lock);
+  if (!(r->seq.load() & 1)) return false;
+  r->mr_holds++;
+  return true;
+}
+
+RegionStore::Gave RegionStore::Drop(Region* r) {
+  Shard& s = shards_[r->shard];
+  SpinLockGuard g(s.lock);
+  if (r->mr_holds.fetch_sub(1) > 1 || !r->kept) return Gave::kInUse;
+  if (!OverRetain(0)) return Gave::kKept;
+  UnlistLocked(s, r);
+  return Gave::kEmpty;
+}
+
 Region* RegionStore::ShedKept(unsigned shard) {
   if (!OverRetain(0)) return nullptr;
   Shard& s = shards_[shard];
   LockShard(s);
   Region* r = s.regions;
-  while (r != nullptr && !r->kept) r = r->next;
+  while (r != nullptr && !(r->kept && r->mr_holds == 0)) r = r->next;
   if (r != nullptr) UnlistLocked(s, r);
+  CountHeldLocked(s);
   s.lock.Unlock();
   return r;
 }
@@ -257,8 +284,9 @@ Region* RegionStore::TakeKept() {
   for (Shard& s : shards_) {
     LockShard(s);
     Region* r = s.regions;
-    while (r != nullptr && !r->kept) r = r->next;
+    while (r != nullptr && !(r->kept && r->mr_holds == 0)) r = r->next;
     if (r != nullptr) UnlistLocked(s, r);
+    else CountHeldLocked(s);
     s.lock.Unlock();
     if (r != nullptr) return r;
   }
@@ -268,7 +296,7 @@ Region* RegionStore::TakeKept() {
 size_t RegionStore::PurgeFree(Region* r) {
   Shard& s = shards_[r->shard];
   SpinLockGuard g(s.lock);
-  if (!(r->seq.load() & 1)) return 0;
+  if (!(r->seq.load() & 1) || r->mr_holds > 0) return 0;
   size_t purged = r->pages.PurgeDirtyFree([r](size_t first, size_t n) {
     return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
                    MADV_DONTNEED) == 0;

@@ -63,9 +63,20 @@ class RegionStore {
   // Pages come back; `purged` ones read as zero again. kEmpty: the region
   // became empty and is out of the list and the map (its seq is even, lookups
   // fail); it belongs to the caller, who releases it. kKept: it became empty
-  // and is kept for reuse (RDMALLOC_RETAIN).
+  // and is kept for reuse (RDMALLOC_RETAIN), or because memory registrations
+  // hold it.
   enum class Gave { kInUse, kKept, kEmpty };
   Gave Give(Region* r, void* addr, size_t size, bool purged);
+
+  // Holds of the program's memory registrations (Region::mr_holds). Hold
+  // fails if r is no longer live. Drop returns kEmpty if r, empty and past
+  // the retention bound, was kept only for its holds: it is then the
+  // caller's to release.
+  bool Hold(Region* r);
+  Gave Drop(Region* r);
+  // Releases put off because memory registrations held the region: an empty
+  // region kept past RDMALLOC_RETAIN, or skipped by a purge or trim.
+  uint64_t releases_held() const { return releases_held_.load(std::memory_order_relaxed); }
 
   // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
   // kept, count against this many bytes.
@@ -130,6 +141,7 @@ class RegionStore {
   // With the shard locked: pages of r taken / given, r unlisted.
   void TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
   void UnlistLocked(Shard& s, Region* r);
+  void CountHeldLocked(Shard& s);
   Region* KeptDedicatedLocked(Shard& s, unsigned access_class, size_t size, size_t alignment);
   Region* TakeDescriptor();
   void Recycle(Region* r);
@@ -142,7 +154,8 @@ class RegionStore {
   SpinLock pool_lock_{LockRank::kHeap};  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
   std::atomic<size_t> descriptors_used_{0};
-  std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0};
+  std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0},
+      releases_held_{0};
   Region pool_[kMaxRegions];
 };
 

@@ -160,8 +160,8 @@ void Registrations::FinishRemove(int d) {
   delete dom;
 }
 
-int Registrations::RegionAccess(const Region* r, int d) const {
-  int domain_access = domains_[d].access.load(std::memory_order_relaxed);
+int Registrations::RegionAccess(const Region* r, int d, int plain_access) const {
+  int domain_access = d >= 0 ? domains_[d].access.load(std::memory_order_relaxed) : plain_access;
   if (r->access_class == 0) return domain_access;
   return ClassRights(r->access_class) | (domain_access & kAccessRelaxedOrdering);
 }

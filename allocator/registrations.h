@@ -57,6 +57,9 @@ class Registrations {
   const char* BackendName();
   const char* DeviceDescription();
 
+  // The rights r's registration with domain d has (or would have); d < 0:
+  // under a domain not added yet, with `plain_access` for the plain heap.
+  int RegionAccess(const Region* r, int d, int plain_access = 0) const;
   // Domains. 0 is the default domain (pd NULL); -1: unknown pd.
   int DomainIndex(ibv_pd* pd) const { return pd == nullptr ? 0 : DomainIndexSlow(pd); }
   bool open(int d) const { return domains_[d].state.load() == DomainSlot::kOpen; }
@@ -105,7 +108,6 @@ class Registrations {
   enum class Kind { kVerbs, kUring, kNone };
 
   int DomainIndexSlow(ibv_pd* pd) const;
-  int RegionAccess(const Region* r, int d) const;
 
   Config config_;
   bool eager_ = false;

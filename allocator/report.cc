@@ -58,6 +58,10 @@ void Json(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         (c.access & kRemoteAccess) != 0 ? "true" : "false");
   o.Add("\"observers\":%llu,\"releases_notified\":%llu,", U(s.observers),
         U(s.releases_notified));
+  o.Add("\"mrs_served\":%llu,\"mrs_forwarded\":%llu,\"mrs_live\":%llu,"
+        "\"mrs_forwarded_on_heap\":%llu,\"releases_held_by_mrs\":%llu,",
+        U(s.mrs_served), U(s.mrs_forwarded), U(s.mrs_live), U(s.mrs_forwarded_on_heap),
+        U(s.releases_held_by_mrs));
   o.Add("\"releases_deferred\":%llu,\"domains\":[", U(s.releases_deferred));
   bool first = true;
   for (int d = 0; d < RDMALLOC_MAX_DOMAINS; d++) {
@@ -105,6 +109,11 @@ void Text(Out& o, const struct rdmalloc_stats& s, const Config& c, const char* b
         "%llu reg failed, %llu bad args)\n",
         U(s.lookups), U(s.lookup_slow), U(s.lookup_not_ours), U(s.lookup_cross),
         U(s.lookup_reg_failed), U(s.lookup_einval));
+  if (s.mrs_served != 0 || s.mrs_forwarded != 0)
+    o.Add("  ibv_reg_mr   %llu served from the heap's registrations, %llu forwarded to libibverbs "
+          "(%llu served live, %llu forwarded live on heap pages; %llu releases held back by MRs)\n",
+          U(s.mrs_served), U(s.mrs_forwarded), U(s.mrs_live), U(s.mrs_forwarded_on_heap),
+          U(s.releases_held_by_mrs));
   if (s.observers != 0 || s.releases_notified != 0)
     o.Add("  observers    %llu, %llu release notifications\n", U(s.observers),
           U(s.releases_notified));

@@ -200,6 +200,44 @@ def lookup(min_time):
     return {b["name"]: b["cpu_time"] for b in bms if b["name"].endswith("_median")}
 
 
+def reg_mr_vm(min_time):
+    """An unmodified verbs program's malloc + ibv_reg_mr + ibv_dereg_mr + free per size, in
+    the VM: {way: {size: ns per pair}} for way in kernel, forwarded, served."""
+    subprocess.run(["bash", os.path.join(ROOT, "test", "vm", "setup.sh")], check=True,
+                   stdout=subprocess.DEVNULL)
+    out = sh([os.path.join(ROOT, "test", "vm", "run.sh"), "--timeout", "1800",
+              os.path.join(ROOT, "benchmarks", "reg_mr_vm.sh"),
+              os.path.join(BIN, "benchmarks", "reg_mr_benchmark"),
+              os.path.join(BIN, "allocator", "librdmalloc.so"), str(min_time)])
+    res = {}
+    for line in out.splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        if "way" in f and "ns_per_pair" in f:
+            res.setdefault(f["way"], {})[int(f["size"])] = float(f["ns_per_pair"])
+    return res
+
+
+def reg_mr_table(L, reg, git):
+    ways = ["kernel", "forwarded", "served"]
+    sizes = sorted(reg.get("kernel", {}))
+    L.append("## `ibv_reg_mr` in an unmodified verbs program (soft-RoCE in the VM)\n")
+    L.append("`benchmarks/reg_mr_benchmark.cc` never includes `rdmalloc.h`: per message it does "
+             "`malloc(n)`, `ibv_reg_mr` with local and remote rights, `ibv_dereg_mr`, `free`, on "
+             "`rxe0` in the VM (`benchmarks/reg_mr_vm.sh`). *kernel*: no rdmalloc; *forwarded*: "
+             "librdmalloc.so preloaded, default local-only heap, so the remote request goes to "
+             "libibverbs; *served*: `RDMALLOC_ACCESS=local_write,remote_read,remote_write`, the "
+             "request is served from the region's registration (docs/INTERPOSE.md). ns per pair "
+             f"(malloc and free included), rdmalloc {git}; the CPU is emulated, so compare the ratios.\n")
+    L.append("| size | kernel | forwarded | served | kernel / served |")
+    L.append("|---|---|---|---|---|")
+    for n in sizes:
+        row = [reg.get(w, {}).get(n) for w in ways]
+        cells = " | ".join("" if v is None else f"{v:,.0f}" for v in row)
+        ratio = "" if not row[0] or not row[2] else f"**{row[0] / row[2]:,.0f}×**"
+        L.append(f"| {fmt_size(n)} | {cells} | {ratio} |")
+    L.append("")
+
+
 def fmt_size(n):
     for unit, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= s:
@@ -347,6 +385,8 @@ def write_markdown(path, res):
     L.append("Registering through io_uring costs far less than `ibv_reg_mr` on a NIC (UCX models "
              "the latter as 16 µs + 0.06 ns/B, i.e. ≈ 20 µs for 64 KiB and ≈ 268 µs for 4 MiB), so the "
              "register-per-message column here understates what rdmalloc saves on real hardware.\n")
+    if res.get("reg_mr"):
+        reg_mr_table(L, res["reg_mr"], res.get("reg_mr_git", res["git"]))
     if vm is not None:
         vper, vkeys = vm
         L.append("## The message path on real verbs (soft-RoCE in the VM)\n")
@@ -369,7 +409,8 @@ def render(res, out):
     def ints(d):
         return {int(k): v for k, v in d.items()}
     res = dict(res, per=ints(res["per"]), keys=ints(res["keys"]),
-               vm=(ints(res["vm"][0]), ints(res["vm"][1])) if res["vm"] else None)
+               vm=(ints(res["vm"][0]), ints(res["vm"][1])) if res["vm"] else None,
+               reg_mr={w: ints(v) for w, v in res.get("reg_mr", {}).items()})
     plot(res["rows"], res["per"], os.path.join(os.path.dirname(out), "benchmarks.png"))
     write_markdown(out, res)
 
@@ -386,13 +427,27 @@ def main():
     ap.add_argument("--startup-runs", type=int, default=21)
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown and plot from docs/benchmarks.json")
+    ap.add_argument("--only-reg-mr", action="store_true",
+                    help="run only the ibv_reg_mr section (in the VM) into docs/benchmarks.json")
     args = ap.parse_args()
     if args.render_only:
         with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
             render(json.load(f), args.out)
         return
-    started = datetime.datetime.utcnow()
     global BIN
+    if args.only_reg_mr:
+        subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks:reg_mr_benchmark",
+                        "//allocator:librdmalloc.so"], cwd=ROOT, check=True)
+        BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
+        with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
+            res = json.load(f)
+        res["reg_mr"] = reg_mr_vm(args.min_time)
+        res["reg_mr_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+        save(res, args.out)
+        render(res, args.out)
+        print(f"wrote {args.out}")
+        return
+    started = datetime.datetime.utcnow()
     subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks/...", "//allocator:librdmalloc.so"],
                    cwd=ROOT, check=True)
     BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
@@ -405,6 +460,7 @@ def main():
         subprocess.run(["bash", os.path.join(ROOT, "test", "vm", "setup.sh")], check=True,
                        stdout=subprocess.DEVNULL)
         vm = message_path(args.vm_min_time, vm=True)[:2]
+    reg_mr = reg_mr_vm(args.vm_min_time) if args.vm else {}
     look = lookup(args.min_time)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     res = {
@@ -413,7 +469,7 @@ def main():
         "machine": f"{os.cpu_count()} cores ({cpu}), {platform.release()} kernel, glibc {platform.libc_ver()[1]}",
         "rows": rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
         "per": per, "keys": keys, "steady": steady, "look": look,
-        "vm": [vm[0], vm[1]] if vm else None,
+        "vm": [vm[0], vm[1]] if vm else None, "reg_mr": reg_mr,
     }
     save(res, args.out)
     render(res, args.out)

@@ -8,7 +8,7 @@ prefix="$tmp/prefix"
 rm -rf "$prefix"
 "$install_bin" --prefix="$prefix"
 
-for f in lib/librdmalloc.so.0 lib/librdmalloc.a include/rdmalloc.h bin/rdmalloc-run \
+for f in lib/librdmalloc.so.0 lib/librdmalloc.a lib/librdmalloc_interpose.a include/rdmalloc.h bin/rdmalloc-run \
          libexec/rdmalloc/rdmalloc_options lib/pkgconfig/rdmalloc.pc; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
 done

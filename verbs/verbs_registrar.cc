@@ -61,7 +61,7 @@ class VerbsDomain final : public Domain {
     // would act on the parent's objects.
     if (forked_) return EOPNOTSUPP;
     errno = 0;
-    ibv_mr* mr = api_.reg_mr(pd_, base, len, out->access != 0 ? out->access : access_);
+    ibv_mr* mr = api_.RegMr(pd_, base, len, out->access != 0 ? out->access : access_);
     if (mr == nullptr) return errno != 0 ? errno : EIO;
     out->lkey = mr->lkey;
     out->rkey = mr->rkey;
@@ -188,7 +188,7 @@ class VerbsDomain final : public Domain {
     // A fork child must not share (or copy) the pinned staging pages.
     madvise(p, kStagingBytes, MADV_DONTFORK);
     errno = 0;
-    ibv_mr* mr = api_.reg_mr(pd_, p, kStagingBytes, IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr* mr = api_.RegMr(pd_, p, kStagingBytes, IBV_ACCESS_LOCAL_WRITE);
     if (mr == nullptr) {
       int err = errno != 0 ? errno : EIO;
       munmap(p, kStagingBytes);
@@ -391,6 +391,7 @@ int LoadVerbsApi(const char* library, VerbsApi* api) {
             Bind(lib, "ibv_reg_mr", &api->reg_mr) &&
             Bind(lib, "ibv_dereg_mr", &api->dereg_mr);
   if (!ok) return ENOSYS;  // the library stays loaded: its functions are in use
+  Bind(lib, "ibv_reg_mr_iova2", &api->reg_mr_iova2);  // IBVERBS_1.8, optional
   // The data path is optional (a stand-in library may have none of it); all
   // or nothing. dlsym picks each symbol's default version (IBVERBS_1.1).
   // "ibv_query_port" is the exported name behind verbs.h's inline wrapper.

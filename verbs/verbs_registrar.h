@@ -35,6 +35,17 @@ struct VerbsApi {
   int (*dealloc_pd)(ibv_pd* pd) = nullptr;
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, int access) = nullptr;
   int (*dereg_mr)(ibv_mr* mr) = nullptr;
+  // Optional. libibverbs' ibv_reg_mr calls ibv_reg_mr_iova2 through its PLT,
+  // which a preloaded rdmalloc interposes (allocator/verbs_interpose.cc):
+  // rdmalloc's own registrations call this one directly when it exists.
+  ibv_mr* (*reg_mr_iova2)(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                          unsigned access) = nullptr;
+  ibv_mr* RegMr(ibv_pd* pd, void* addr, size_t length, int access) const {
+    if (reg_mr_iova2 != nullptr)
+      return reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                          static_cast<unsigned>(access));
+    return reg_mr(pd, addr, length, access);
+  }
 
   // The data path (rdmalloc_dma_*): a loopback RC QP per domain. Optional:
   // LoadVerbsApi leaves all of them null when any is missing, and then

@@ -1,0 +1,587 @@
+// The program's own memory registrations: libibverbs' ibv_reg_mr,
+// ibv_reg_mr_iova, ibv_reg_mr_iova2, ibv_rereg_mr and ibv_dereg_mr,
+// interposed (docs/INTERPOSE.md); and ibv_dealloc_pd, since a pd the heap is
+// registered on holds the heap's MRs, which would make it fail with EBUSY. verbs.h's ibv_reg_mr and ibv_reg_mr_iova
+// are macros over inlines that call the exported ibv_reg_mr, ibv_reg_mr_iova
+// or ibv_reg_mr_iova2: all three land here.
+//
+// Served: a range inside one heap region, on a pd the heap is registered on
+// (a new pd is added), asking for rights the region's registration has, with
+// iova == addr: the caller gets an MR object of rdmalloc's own (its addr,
+// length, pd and context; the region's keys), and no kernel call is made.
+// Forwarded: everything else, to the real libibverbs (found on its own
+// handle, never through the global scope, so never back here).
+//
+// Either way, an MR on heap pages holds the regions under it: they are never
+// purged or released while it exists (Heap::HoldRange).
+//
+// A separate object in the static archive (//allocator:verbs_interpose): a
+// program or MPI library that embeds rdmalloc chooses whether to link it.
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "allocator/fork.h"
+#include "allocator/heap.h"
+#include "allocator/init.h"
+#include "allocator/log.h"
+#include "allocator/spin_lock.h"
+
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+namespace rdmalloc {
+namespace {
+
+// The rights a served MR can carry; any other bit (memory windows, zero-based,
+// on-demand paging, huge pages) asks for a registration of its own.
+constexpr unsigned kServableRights =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+    IBV_ACCESS_REMOTE_ATOMIC;
+static_assert(IBV_ACCESS_LOCAL_WRITE == RDMALLOC_ACCESS_LOCAL_WRITE &&
+                  IBV_ACCESS_REMOTE_WRITE == RDMALLOC_ACCESS_REMOTE_WRITE &&
+                  IBV_ACCESS_REMOTE_READ == RDMALLOC_ACCESS_REMOTE_READ &&
+                  IBV_ACCESS_REMOTE_ATOMIC == RDMALLOC_ACCESS_REMOTE_ATOMIC,
+              "rdmalloc's rights are libibverbs' bits");
+
+struct RealVerbs {
+  ibv_mr* (*reg_mr)(ibv_pd*, void*, size_t, int) = nullptr;
+  ibv_mr* (*reg_mr_iova)(ibv_pd*, void*, size_t, uint64_t, int) = nullptr;
+  ibv_mr* (*reg_mr_iova2)(ibv_pd*, void*, size_t, uint64_t, unsigned) = nullptr;
+  int (*dereg_mr)(ibv_mr*) = nullptr;
+  int (*rereg_mr)(ibv_mr*, int, ibv_pd*, void*, size_t, int) = nullptr;
+  int (*dealloc_pd)(ibv_pd*) = nullptr;
+};
+
+template <typename F>
+void Bind(void* lib, const char* name, const char* version, F* fn) {
+  void* p = dlvsym(lib, name, version);
+  if (p == nullptr) p = dlsym(lib, name);  // an unversioned libibverbs (tests' stand-in)
+  *fn = reinterpret_cast<F>(p);
+}
+
+// libibverbs' own functions, from its handle: dlsym on a handle searches that
+// library and its dependencies, never the program's global scope.
+const RealVerbs& Real() {
+  static const RealVerbs real = [] {
+    RealVerbs r;
+    const char* name = TheHeap().config().verbs_library;
+    if (name[0] == '\0') name = "libibverbs.so.1";
+    void* lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      Log(0, "ibv_reg_mr interposed, but %s cannot be loaded: %s", name, dlerror());
+      return r;
+    }
+    Bind(lib, "ibv_reg_mr", "IBVERBS_1.1", &r.reg_mr);
+    Bind(lib, "ibv_reg_mr_iova", "IBVERBS_1.7", &r.reg_mr_iova);
+    Bind(lib, "ibv_reg_mr_iova2", "IBVERBS_1.8", &r.reg_mr_iova2);
+    Bind(lib, "ibv_dereg_mr", "IBVERBS_1.1", &r.dereg_mr);
+    Bind(lib, "ibv_rereg_mr", "IBVERBS_1.1", &r.rereg_mr);
+    Bind(lib, "ibv_dealloc_pd", "IBVERBS_1.1", &r.dealloc_pd);
+    return r;
+  }();
+  return real;
+}
+
+// One MR of the program's. A served one is handed out: it begins like
+// rdma-core's struct verbs_mr (ibv_mr, type, access), which providers may
+// read past the ibv_mr. A forwarded one on heap pages is kept aside, found
+// by the real MR's address, only for its holds.
+constexpr int kInlineHolds = 4;
+struct MrRecord {
+  ibv_mr mr;
+  int mr_type;  // rdma-core's IBV_MR_TYPE_MR
+  int access;
+  std::atomic<int> state;
+  // A served MR that ibv_rereg_mr had to move to a kernel registration of
+  // its own: the caller keeps this object, libibverbs has `real`.
+  ibv_mr* real;
+  size_t nheld;
+  Region* inline_held[kInlineHolds];
+  Region** held;  // inline_held, or an mmap'd array of held_bytes
+  size_t held_bytes;
+  MrRecord* next_free;
+};
+enum : int { kRecordFree = 0, kRecordServed = 1, kRecordForwarded = 2 };
+
+// Records come from mmap'd chunks that are never unmapped, so telling a
+// served MR from any other pointer never reads through that pointer.
+constexpr size_t kRecordsPerChunk = 4096;
+constexpr size_t kMaxChunks = 256;
+
+class MrTable {
+ public:
+  MrRecord* Take() {
+    SpinLockGuard g(lock_);
+    if (free_head_ == nullptr && !Grow()) return nullptr;
+    MrRecord* rec = free_head_;
+    free_head_ = rec->next_free;
+    if (free_head_ == nullptr) free_tail_ = nullptr;
+    return rec;
+  }
+  // Freed records are reused last (FIFO), so a stale second ibv_dereg_mr
+  // finds its record free for as long as possible.
+  void Give(MrRecord* rec) {
+    rec->state.store(kRecordFree, std::memory_order_release);
+    SpinLockGuard g(lock_);
+    rec->next_free = nullptr;
+    if (free_tail_ != nullptr) free_tail_->next_free = rec;
+    else free_head_ = rec;
+    free_tail_ = rec;
+  }
+  // The record at mr, in whatever state, or nullptr if mr is not one of
+  // ours. Lock-free: compares addresses only, never reads through mr.
+  MrRecord* Record(const ibv_mr* mr) const {
+    uintptr_t a = reinterpret_cast<uintptr_t>(mr);
+    size_t n = chunks_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+      uintptr_t base = reinterpret_cast<uintptr_t>(chunk_[i].load(std::memory_order_acquire));
+      if (a >= base && a < base + kRecordsPerChunk * sizeof(MrRecord)) {
+        if ((a - base) % sizeof(MrRecord) != 0) return nullptr;
+        return reinterpret_cast<MrRecord*>(a);
+      }
+    }
+    return nullptr;
+  }
+  // Whether a served MR on pd is live. Lock-free, for ibv_dealloc_pd.
+  bool ServedOn(const ibv_pd* pd) const {
+    size_t n = chunks_.load(std::memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+      const MrRecord* recs = chunk_[i].load(std::memory_order_acquire);
+      for (size_t j = 0; j < kRecordsPerChunk; j++) {
+        if (recs[j].state.load(std::memory_order_acquire) == kRecordServed && recs[j].mr.pd == pd)
+          return true;
+      }
+    }
+    return false;
+  }
+  // Forwarded MRs on heap pages, by the real MR's address.
+  // False if there is no memory to remember it: the caller then keeps the
+  // holds for good rather than let a purge pull pages from under the MR.
+  bool Track(const ibv_mr* mr, MrRecord* rec) {
+    SpinLockGuard g(lock_);
+    if ((tracked_ + 1) * 2 > capacity_ && !Rehash(capacity_ == 0 ? 1024 : capacity_ * 2))
+      return false;
+    Insert(mr, rec);
+    tracked_++;
+    return true;
+  }
+  MrRecord* Untrack(const ibv_mr* mr) {
+    SpinLockGuard g(lock_);
+    if (capacity_ == 0) return nullptr;
+    size_t i = Slot(mr);
+    while (slots_[i].key != nullptr && slots_[i].key != mr) i = (i + 1) & (capacity_ - 1);
+    if (slots_[i].key == nullptr) return nullptr;
+    MrRecord* rec = slots_[i].rec;
+    // Backward-shift deletion keeps every probe chain unbroken.
+    for (size_t j = (i + 1) & (capacity_ - 1); slots_[j].key != nullptr; j = (j + 1) & (capacity_ - 1)) {
+      size_t home = Slot(slots_[j].key);
+      if (((j - home) & (capacity_ - 1)) >= ((j - i) & (capacity_ - 1))) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Entry();
+    tracked_--;
+    return rec;
+  }
+  SpinLock& lock() { return lock_; }
+
+ private:
+  struct Entry {
+    const ibv_mr* key = nullptr;
+    MrRecord* rec = nullptr;
+  };
+  size_t Slot(const ibv_mr* mr) const {
+    uint64_t h = reinterpret_cast<uintptr_t>(mr) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(h >> 20) & (capacity_ - 1);
+  }
+  void Insert(const ibv_mr* mr, MrRecord* rec) {
+    size_t i = Slot(mr);
+    while (slots_[i].key != nullptr) i = (i + 1) & (capacity_ - 1);
+    slots_[i] = {mr, rec};
+  }
+  // With lock_ held; system calls only (no malloc: rank kMrTable).
+  bool Rehash(size_t capacity) {
+    void* mem = mmap(nullptr, capacity * sizeof(Entry), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    Entry* old = slots_;
+    size_t old_capacity = capacity_;
+    slots_ = static_cast<Entry*>(mem);
+    capacity_ = capacity;
+    for (size_t i = 0; i < old_capacity; i++)
+      if (old[i].key != nullptr) Insert(old[i].key, old[i].rec);
+    if (old != nullptr) munmap(old, old_capacity * sizeof(Entry));
+    return true;
+  }
+  bool Grow() {
+    size_t n = chunks_.load(std::memory_order_relaxed);
+    if (n == kMaxChunks) return false;
+    void* mem = mmap(nullptr, kRecordsPerChunk * sizeof(MrRecord), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    auto* recs = static_cast<MrRecord*>(mem);
+    for (size_t i = 0; i < kRecordsPerChunk; i++) {
+      recs[i].next_free = i + 1 < kRecordsPerChunk ? &recs[i + 1] : nullptr;
+    }
+    free_head_ = recs;
+    free_tail_ = &recs[kRecordsPerChunk - 1];
+    chunk_[n].store(recs, std::memory_order_release);
+    chunks_.store(n + 1, std::memory_order_release);
+    return true;
+  }
+
+  SpinLock lock_{LockRank::kMrTable};
+  MrRecord* free_head_ = nullptr;
+  MrRecord* free_tail_ = nullptr;
+  std::atomic<MrRecord*> chunk_[kMaxChunks] = {};
+  std::atomic<size_t> chunks_{0};
+  Entry* slots_ = nullptr;
+  size_t capacity_ = 0, tracked_ = 0;
+};
+
+MrTable g_table;
+
+void InstallForkHandlersOnce() {
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire) || done.exchange(true)) return;
+  ForkHandlers fork;
+  fork.prepare = [] { g_table.lock().Lock(); };
+  fork.parent = [] { g_table.lock().Unlock(); };
+  fork.child = [] { g_table.lock().ResetAfterFork(); };
+  SetForkHandlers(LockRank::kMrTable, fork);
+}
+
+Heap::MrCounters& Counters() { return TheHeap().mr_counters(); }
+
+// Holds every region under [addr, addr+len) for rec. False if the holds could
+// not be stored (then none is kept).
+bool HoldPages(MrRecord* rec, const void* addr, size_t len) {
+  rec->nheld = 0;
+  rec->held = rec->inline_held;
+  rec->held_bytes = 0;
+  // Each region spans whole 2 MiB chunks: at most one per chunk touched.
+  size_t most = len / kChunkSize + 2;
+  if (most > kInlineHolds) {
+    size_t bytes = most * sizeof(Region*);
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    rec->held = static_cast<Region**>(mem);
+    rec->held_bytes = bytes;
+  }
+  rec->nheld = TheHeap().HoldRange(addr, len, rec->held, most);
+  return true;
+}
+
+void DropHolds(MrRecord* rec) {
+  for (size_t i = 0; i < rec->nheld; i++) TheHeap().DropHold(rec->held[i]);
+  if (rec->held_bytes != 0) munmap(rec->held, rec->held_bytes);
+  rec->nheld = 0;
+  rec->held = rec->inline_held;
+  rec->held_bytes = 0;
+}
+
+bool Servable(unsigned access, uint64_t iova, const void* addr) {
+  access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);
+  if ((access & ~kServableRights) != 0) return false;
+  // libibverbs refuses remote write or atomic without local write: so does
+  // the forwarded call, with its own error.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE))
+    return false;
+  return iova == reinterpret_cast<uintptr_t>(addr);
+}
+
+// rec, holding `region` alone, describes a served MR on [addr, addr+length).
+void FillServed(MrRecord* rec, ibv_pd* pd, void* addr, size_t length, unsigned access,
+                const rdmalloc_keys& keys, Region* region) {
+  memset(&rec->mr, 0, sizeof rec->mr);
+  rec->mr.context = pd->context;
+  rec->mr.pd = pd;
+  rec->mr.addr = addr;
+  rec->mr.length = length;
+  rec->mr.handle = keys.mr != nullptr ? keys.mr->handle : 0;
+  rec->mr.lkey = keys.lkey;
+  rec->mr.rkey = keys.rkey;
+  rec->mr_type = 0;
+  rec->access = static_cast<int>(access);
+  rec->nheld = 1;
+  rec->inline_held[0] = region;
+}
+
+// A served MR, or nullptr (then the caller forwards).
+ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length, unsigned access, uint64_t iova) {
+  if (!TheHeap().config().interpose || pd == nullptr || length == 0 ||
+      !Servable(access, iova, addr))
+    return nullptr;
+  rdmalloc_keys keys;
+  Region* region = nullptr;
+  int servable_rights = static_cast<int>(access & kServableRights);
+  if (TheHeap().ServeRegistration(pd, addr, length, servable_rights, &keys, &region) != RDMALLOC_OK)
+    return nullptr;
+  MrRecord* rec = g_table.Take();
+  if (rec == nullptr) {
+    TheHeap().DropHold(region);
+    return nullptr;
+  }
+  rec->real = nullptr;
+  rec->held = rec->inline_held;
+  rec->held_bytes = 0;
+  FillServed(rec, pd, addr, length, access, keys, region);
+  rec->state.store(kRecordServed, std::memory_order_release);
+  Counters().served.fetch_add(1, std::memory_order_relaxed);
+  Counters().live.fetch_add(1, std::memory_order_relaxed);
+  return &rec->mr;
+}
+
+// After libibverbs made `mr` on [addr, addr+len): holds the heap regions
+// under it, if any.
+void TrackForwarded(ibv_mr* mr, const void* addr, size_t length) {
+  if (mr == nullptr || length == 0) return;
+  // Not heap memory at all (stack, static, mmap): nothing to hold or track.
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  bool heap = false;
+  for (uintptr_t c = a & ~(kChunkSize - 1); c - a < length || c < a; c += kChunkSize) {
+    if (TheHeap().RegionOf(reinterpret_cast<const void*>(c < a ? a : c), 1) != nullptr) {
+      heap = true;
+      break;
+    }
+  }
+  if (!heap) return;
+  MrRecord* rec = g_table.Take();
+  if (rec == nullptr || !HoldPages(rec, addr, length)) {
+    Log(0, "no memory to record an MR on heap pages %p+%zu: its regions may be released under it",
+        addr, length);
+    if (rec != nullptr) g_table.Give(rec);
+    return;
+  }
+  rec->real = mr;
+  rec->state.store(kRecordForwarded, std::memory_order_release);
+  if (!g_table.Track(mr, rec)) Log(0, "no memory to track an MR on heap pages: its regions stay held");
+  Counters().forwarded_on_heap.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Begin() {
+  EnsureInitialised();
+  InstallForkHandlersOnce();
+}
+
+// libibverbs' ibv_reg_mr and ibv_reg_mr_iova only call ibv_reg_mr_iova2
+// through its PLT, which resolves back here: call that one directly.
+ibv_mr* Forward(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
+  Counters().forwarded.fetch_add(1, std::memory_order_relaxed);
+  const RealVerbs& real = Real();
+  ibv_mr* mr = nullptr;
+  if (real.reg_mr_iova2 != nullptr) {
+    mr = real.reg_mr_iova2(pd, addr, length, iova, access);
+  } else if (iova == reinterpret_cast<uintptr_t>(addr) && real.reg_mr != nullptr) {
+    mr = real.reg_mr(pd, addr, length, static_cast<int>(access));  // a library before 1.8
+  } else if (real.reg_mr_iova != nullptr) {
+    mr = real.reg_mr_iova(pd, addr, length, iova, static_cast<int>(access));
+  } else {
+    errno = ENOSYS;
+    return nullptr;
+  }
+  TrackForwarded(mr, addr, length);
+  return mr;
+}
+
+int DeregServed(MrRecord* rec) {
+  int expected = kRecordServed;
+  // Two threads deregistering one MR: one wins, the other sees EINVAL.
+  if (!rec->state.compare_exchange_strong(expected, kRecordFree)) return errno = EINVAL;
+  if (rec->real != nullptr) {
+    int rc = Real().dereg_mr(rec->real);
+    if (rc != 0) {
+      rec->state.store(kRecordServed);
+      return rc;
+    }
+  }
+  DropHolds(rec);
+  Counters().live.fetch_sub(1, std::memory_order_relaxed);
+  g_table.Give(rec);
+  return 0;
+}
+
+int DeregForwarded(ibv_mr* mr) {
+  if (Real().dereg_mr == nullptr) return errno = ENOSYS;
+  MrRecord* tracked = g_table.Untrack(mr);
+  int rc = Real().dereg_mr(mr);
+  if (tracked == nullptr) return rc;
+  if (rc != 0) {
+    if (!g_table.Track(mr, tracked)) Log(0, "no memory to track an MR on heap pages: its regions stay held");
+    return rc;  // the MR still exists, and so do its holds
+  }
+  DropHolds(tracked);
+  Counters().forwarded_on_heap.fetch_sub(1, std::memory_order_relaxed);
+  g_table.Give(tracked);
+  return 0;
+}
+
+// libibverbs' checks of ibv_rereg_mr's arguments, before any work.
+int CheckRereg(int flags, void* addr, size_t length, int access) {
+  if ((flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) != 0 ||
+      ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (length == 0 || addr == nullptr)) ||
+      (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  return 0;
+}
+
+// A served MR changes: served again from the heap if it can be, else moved
+// to a kernel registration of its own behind the same object.
+int ReregServed(MrRecord* rec, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  if (int rc = CheckRereg(flags, addr, length, access)) return rc;
+  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : rec->mr.pd;
+  void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : rec->mr.addr;
+  size_t new_length = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : rec->mr.length;
+  unsigned new_access = static_cast<unsigned>((flags & IBV_REREG_MR_CHANGE_ACCESS) ? access
+                                                                                   : rec->access);
+  if (rec->real != nullptr) {
+    int rc = Real().rereg_mr(rec->real, flags, pd, addr, length, access);
+    if (rc != 0) return rc;
+  } else if (TheHeap().config().interpose && new_pd != nullptr &&
+             Servable(new_access, reinterpret_cast<uintptr_t>(new_addr), new_addr)) {
+    rdmalloc_keys keys;
+    Region* region = nullptr;
+    if (TheHeap().ServeRegistration(new_pd, new_addr, new_length,
+                                    static_cast<int>(new_access & kServableRights), &keys,
+                                    &region) == RDMALLOC_OK) {
+      DropHolds(rec);
+      FillServed(rec, new_pd, new_addr, new_length, new_access, keys, region);
+      return 0;
+    }
+  }
+  if (rec->real == nullptr) {
+    ibv_mr* real = nullptr;
+    if (Real().reg_mr_iova2 != nullptr)
+      real = Real().reg_mr_iova2(new_pd, new_addr, new_length,
+                                 reinterpret_cast<uintptr_t>(new_addr), new_access);
+    else if (Real().reg_mr != nullptr)
+      real = Real().reg_mr(new_pd, new_addr, new_length, static_cast<int>(new_access));
+    else
+      errno = ENOSYS;
+    if (real == nullptr) return IBV_REREG_MR_ERR_CMD;  // errno from libibverbs
+    rec->real = real;
+  }
+  // The kernel registration's fields, and holds on its pages.
+  DropHolds(rec);
+  ibv_mr* real = rec->real;
+  if (!HoldPages(rec, real->addr, real->length))
+    Log(0, "no memory to record an MR on heap pages %p+%zu: its regions may be released under it",
+        real->addr, real->length);
+  rec->mr.context = real->context;
+  rec->mr.pd = real->pd;
+  rec->mr.addr = real->addr;
+  rec->mr.length = real->length;
+  rec->mr.handle = real->handle;
+  rec->mr.lkey = real->lkey;
+  rec->mr.rkey = real->rkey;
+  rec->access = static_cast<int>(new_access);
+  return 0;
+}
+
+int ReregForwarded(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  if (Real().rereg_mr == nullptr) {
+    errno = ENOSYS;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  MrRecord* tracked = g_table.Untrack(mr);
+  int rc = Real().rereg_mr(mr, flags, pd, addr, length, access);
+  if (rc != 0) {
+    // The MR (valid or not) must still be deregistered: its holds stay.
+    if (tracked != nullptr && !g_table.Track(mr, tracked))
+      Log(0, "no memory to track an MR on heap pages: its regions stay held");
+    return rc;
+  }
+  if (tracked != nullptr) {
+    DropHolds(tracked);
+    Counters().forwarded_on_heap.fetch_sub(1, std::memory_order_relaxed);
+    g_table.Give(tracked);
+  }
+  TrackForwarded(mr, mr->addr, mr->length);
+  return 0;
+}
+
+}  // namespace
+}  // namespace rdmalloc
+
+extern "C" {
+
+__attribute__((visibility("default"))) ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length,
+                                                          int access) {
+  rdmalloc::Begin();
+  if (ibv_mr* mr = rdmalloc::Serve(pd, addr, length, static_cast<unsigned>(access),
+                                   reinterpret_cast<uintptr_t>(addr)))
+    return mr;
+  return rdmalloc::Forward(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                           static_cast<unsigned>(access));
+}
+
+__attribute__((visibility("default"))) ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr,
+                                                               size_t length, uint64_t iova,
+                                                               int access) {
+  rdmalloc::Begin();
+  if (ibv_mr* mr = rdmalloc::Serve(pd, addr, length, static_cast<unsigned>(access), iova))
+    return mr;
+  return rdmalloc::Forward(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+__attribute__((visibility("default"))) ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr,
+                                                                size_t length, uint64_t iova,
+                                                                unsigned access) {
+  rdmalloc::Begin();
+  if (ibv_mr* mr = rdmalloc::Serve(pd, addr, length, access, iova)) return mr;
+  return rdmalloc::Forward(pd, addr, length, iova, access);
+}
+
+__attribute__((visibility("default"))) int ibv_dereg_mr(ibv_mr* mr) {
+  rdmalloc::Begin();
+  if (mr == nullptr) return errno = EINVAL;
+  if (rdmalloc::MrRecord* rec = rdmalloc::g_table.Record(mr)) {
+    // A record handed out is served; any other state means the MR is gone
+    // already (a second dereg) or was never handed out.
+    if (rec->state.load(std::memory_order_acquire) != rdmalloc::kRecordServed) return errno = EINVAL;
+    return rdmalloc::DeregServed(rec);
+  }
+  return rdmalloc::DeregForwarded(mr);
+}
+
+__attribute__((visibility("default"))) int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd,
+                                                        void* addr, size_t length, int access) {
+  rdmalloc::Begin();
+  if (mr == nullptr) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (rdmalloc::MrRecord* rec = rdmalloc::g_table.Record(mr)) {
+    if (rec->state.load(std::memory_order_acquire) != rdmalloc::kRecordServed) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    return rdmalloc::ReregServed(rec, flags, pd, addr, length, access);
+  }
+  return rdmalloc::ReregForwarded(mr, flags, pd, addr, length, access);
+}
+
+// The heap's registrations on pd go first (it was added for the program's
+// MRs); served MRs of the program still on it make it busy, as their kernel
+// twins would.
+__attribute__((visibility("default"))) int ibv_dealloc_pd(ibv_pd* pd) {
+  rdmalloc::Begin();
+  if (pd == nullptr) return errno = EINVAL;
+  if (rdmalloc::g_table.ServedOn(pd)) return errno = EBUSY;
+  rdmalloc::TheHeap().RemoveDomain(pd);  // RDMALLOC_EINVAL if it never was one: fine
+  if (rdmalloc::Real().dealloc_pd == nullptr) return errno = ENOSYS;
+  return rdmalloc::Real().dealloc_pd(pd);
+}
+
+}  // extern "C"
