@@ -50,6 +50,19 @@ void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {
   }
 }
 
+size_t PageMap::NextWithUsed(size_t p, bool used) const {
+  while (p < npages_) {
+    uint64_t w = used ? used_[p / 64] : ~used_[p / 64];
+    w &= ~uint64_t{0} << (p % 64);
+    if (w != 0) {
+      size_t q = p / 64 * 64 + static_cast<size_t>(__builtin_ctzll(w));
+      return q < npages_ ? q : npages_;
+    }
+    p = (p / 64 + 1) * 64;
+  }
+  return npages_;
+}
+
 size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident) const {
   size_t best = npages_, best_resident = 0;
   if (n == 0 || n > npages_ - used_pages_) return npages_;
@@ -60,24 +73,18 @@ size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident) 
       best_resident = r;
     }
   };
-  for (size_t p = 0; p < npages_ && best_resident < n;) {
-    if (p % 64 == 0 && used_[p / 64] == ~uint64_t{0}) {  // skip whole used words
-      p += 64;
-      continue;
-    }
-    if ((used_[p / 64] >> (p % 64)) & 1) {
-      p++;
-      continue;
-    }
-    size_t end = p + 1;  // the free run [p, end)
-    while (end < npages_ && !((used_[end / 64] >> (end % 64)) & 1)) end++;
+  // Free runs a word at a time: the alloc hook scans every region of its
+  // shard this way.
+  size_t p = NextWithUsed(0, false);
+  while (p < npages_ && best_resident < n) {
+    size_t end = NextWithUsed(p + 1, true);  // the free run [p, end)
     size_t low = ((p + skew + align - 1) & ~(align - 1)) - skew;
     if (low + n <= end) {
       consider(low);
       size_t high = ((end - n + skew) & ~(align - 1)) - skew;
       if (high > low) consider(high);
     }
-    p = end;
+    p = NextWithUsed(end, false);
   }
   if (resident != nullptr) *resident = best_resident;
   return best;

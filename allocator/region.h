@@ -61,6 +61,8 @@ class PageMap {
   size_t PurgeDirtyFree(Purge purge);
 
  private:
+  // The first page at or after p that is used (or free); npages() if none.
+  size_t NextWithUsed(size_t p, bool used) const;
   bool AnySet(const uint64_t* bits, size_t first, size_t n) const;
   size_t CountSet(const uint64_t* bits, size_t first, size_t n) const;
   static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
