@@ -275,7 +275,7 @@ Region* RegionStore::ShedKept(unsigned shard) {
   Region* r = s.regions;
   while (r != nullptr && !(r->kept && r->mr_holds == 0)) r = r->next;
   if (r != nullptr) UnlistLocked(s, r);
-  CountHeldLocked(s);
+  else CountHeldLocked(s);
   s.lock.Unlock();
   return r;
 }
