@@ -26,7 +26,7 @@ const char* const kKnown[] = {
     "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
     "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",     "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
     "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
-    "RDMALLOC_RETAIN",
+    "RDMALLOC_RETAIN",   "RDMALLOC_INTERPOSE",
 };
 constexpr size_t kKnownCount = sizeof kKnown / sizeof kKnown[0];
 
@@ -229,6 +229,8 @@ void CheckConfig() {
                      c.backend == d.backend);
   ok = value("RDMALLOC_VERBOSE") && v.size() == 1 && v[0] >= '0' && v[0] <= '3';
   ExpectUsedOrWarned("RDMALLOC_VERBOSE", ok, ok && c.verbose == v[0] - '0', c.verbose == 0);
+  ok = value("RDMALLOC_INTERPOSE") && (v == "0" || v == "1");
+  ExpectUsedOrWarned("RDMALLOC_INTERPOSE", ok, ok && c.interpose == v[0] - '0', c.interpose == 1);
   int notify = 0;
   ok = value("RDMALLOC_NOTIFY") && !v.empty();
   for (size_t at = 0; ok;) {  // a comma list of ucx, libfabric; no empty items
