@@ -83,7 +83,7 @@ int Registrations::EnsureBackend() {
       registrar_ != nullptr ? registrar_->name() : "none", DeviceDescription(),
       err != 0 ? ", default domain failed to open" : "", eager_ ? "eager" : "lazy",
       config_.region_size >> 20, config_.max_pinned != kNoPinLimit ? ", pinning capped" : "");
-  if (err == 0 && opened_ != nullptr) opened_(opened_ctx_);
+  if (err == 0 && eager_ && opened_ != nullptr) opened_(opened_ctx_);
   return err;
 }
 

@@ -42,9 +42,9 @@ class Registrations {
   bool verbs_chosen() const { return kind_ == Kind::kVerbs; }
 
   // Opens the backend and the default domain, once (API context: it may
-  // allocate). Returns 0 or an errno. The `opened` callback (set at start-up)
-  // runs once the default domain is open, under lock(): eager mode registers
-  // every live region then.
+  // allocate). Returns 0 or an errno. In eager mode the `opened` callback
+  // (set at start-up) runs once the default domain is open, under lock(), to
+  // register every live region; lazy mode registers nothing before a lookup.
   int EnsureBackend();
   void set_opened(void (*opened)(void* ctx), void* ctx) {
     opened_ = opened;

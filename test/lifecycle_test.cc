@@ -370,3 +370,34 @@ TEST(Debug, DumpRegionsListsEveryLiveRegion) {
 
 }  // namespace
 }  // namespace rdmalloc_test
+
+namespace rdmalloc_test {
+namespace {
+
+// Lazy registration means a region is registered at its first lookup and not
+// before: opening the backend (here by asking its name; the exit report does
+// the same) must not register the heap. Eager mode alone registers every live
+// region when the backend opens.
+TEST(Lazy, OpeningTheBackendRegistersNothing) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Lazy.OpeningTheBackendRegistersNothing", {"RDMALLOC_REGISTER=lazy"}), 0);
+    return;
+  }
+  void* p = malloc(size_t{40} << 20);  // a region of its own, before the backend opens
+  memset(p, 1, size_t{40} << 20);
+  long pin0 = VmPinKb();
+  ASSERT_STRNE(rdmalloc_backend(), "none");
+  struct rdmalloc_stats s = Stats();
+  EXPECT_GE(s.regions_live, 1u);
+  EXPECT_EQ(s.reg_calls, 0u);
+  EXPECT_EQ(s.bytes_registered, 0u);
+  EXPECT_EQ(VmPinKb(), pin0);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{40} << 20, nullptr, &k), RDMALLOC_OK);
+  EXPECT_EQ(Stats().reg_calls, 1u);
+  free(p);
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+}  // namespace
+}  // namespace rdmalloc_test
