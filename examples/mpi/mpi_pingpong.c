@@ -14,8 +14,10 @@
  * rank, and a final "mpi_pingpong: PASS" or "FAIL" line. Exit status 0 only
  * if every check on every rank passed. --corrupt makes rank 1 flip one byte
  * of one reply after filling it: the negative control, which must FAIL.
+ * --no-lookup makes it a plain MPI program that never calls rdmalloc, whether
+ * or not rdmalloc serves its malloc.
  *
- *   mpirun -np 2 mpi_pingpong [--iters N] [--max-size BYTES] [--corrupt]
+ *   mpirun -np 2 mpi_pingpong [--iters N] [--max-size BYTES] [--corrupt] [--no-lookup]
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,6 +39,7 @@ static uint64_t lookups, lookup_hits;
 static uint64_t bad_bytes, bad_buffers;
 static int my_rank;
 static int corrupt_one_reply;
+static int no_lookup; /* a plain MPI program: never calls rdmalloc, even when it is there */
 
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -182,8 +185,11 @@ int main(int argc, char **argv) {
       max_size = strtoull(argv[++i], NULL, 0);
     } else if (strcmp(argv[i], "--corrupt") == 0) {
       corrupt_one_reply = 1;
+    } else if (strcmp(argv[i], "--no-lookup") == 0) {
+      no_lookup = 1;
     } else {
-      fprintf(stderr, "usage: %s [--iters N] [--max-size BYTES] [--corrupt]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iters N] [--max-size BYTES] [--corrupt] [--no-lookup]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -202,7 +208,7 @@ int main(int argc, char **argv) {
   }
 
   /* Found only if rdmalloc is in the process (LD_PRELOAD or linked). */
-  rdmalloc_lookup_ptr = (lookup_fn)dlsym(RTLD_DEFAULT, "rdmalloc_lookup");
+  if (!no_lookup) rdmalloc_lookup_ptr = (lookup_fn)dlsym(RTLD_DEFAULT, "rdmalloc_lookup");
   backend_fn backend = (backend_fn)dlsym(RTLD_DEFAULT, "rdmalloc_backend");
 
   if (my_rank < 2) ping_pong(max_size, iters);
@@ -213,8 +219,8 @@ int main(int argc, char **argv) {
            " bad_bytes=%" PRIu64 "\n",
            my_rank, (int)getpid(), backend ? backend() : "?", lookups, lookup_hits, bad_bytes);
   } else {
-    printf("rank %d: pid %d rdmalloc absent bad_bytes=%" PRIu64 "\n", my_rank, (int)getpid(),
-           bad_bytes);
+    printf("rank %d: pid %d %s bad_bytes=%" PRIu64 "\n", my_rank, (int)getpid(),
+           no_lookup ? "plain MPI (--no-lookup)" : "rdmalloc absent", bad_bytes);
   }
   fflush(stdout);
 
