@@ -30,5 +30,5 @@ apt-get install -y -q --no-install-recommends \
   clang libclang-rt-14-dev valgrind \
   python3 sqlite3 coreutils procps pkg-config \
   libpython3.11-testsuite dpkg-dev make bzip2 xz-utils gdb \
-  libucx-dev libfabric-dev gnuplot-nox \
+  libucx-dev libfabric-dev libfabric-bin gnuplot-nox \
   openmpi-bin libopenmpi-dev

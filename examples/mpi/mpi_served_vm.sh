@@ -10,8 +10,8 @@
 # UCX 1.13 has no UCX_MEM_EVENTS; its cache and hooks are UCX_IB_REG_METHODS,
 # UCX_RCACHE_ENABLE, UCX_MEM_MALLOC_HOOKS and UCX_MEM_MMAP_HOOK_MODE.
 #
-# Kernel registrations are counted by the kernel, not by rdmalloc: a kprobe on
-# rdma_rxe's rxe_reg_user_mr, read from tracefs before and after each run.
+# Kernel registrations are counted by the kernel, not by rdmalloc
+# (test/vm/kernel_regs.sh: a kprobe), before and after each run.
 # check_served.py then checks the counts against each rank's rdmalloc report.
 #
 #   mpi_served_vm.sh MPI_PINGPONG LIBRDMALLOC_SO CHECK_SERVED_PY [ITERS]
@@ -30,13 +30,9 @@ work=$(mktemp -d /tmp/rdmalloc-mpi.XXXXXX) || { echo "FAIL: mktemp"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 export TMPDIR="$work" HOME="$work"   # Open MPI's session dir: short paths
 
-tracing=/sys/kernel/tracing
-mountpoint -q "$tracing" || mount -t tracefs nodev "$tracing" ||
-  { echo "FAIL: cannot mount tracefs: kernel registrations cannot be counted"; exit 1; }
-echo 'p:rdmalloc_test_reg_mr rxe_reg_user_mr' >>"$tracing/kprobe_events" &&
-  echo 1 >"$tracing/events/kprobes/rdmalloc_test_reg_mr/enable" ||
-  { echo "FAIL: no kprobe on rxe_reg_user_mr: kernel registrations cannot be counted"; exit 1; }
-kernel_regs() { awk '$1 == "rdmalloc_test_reg_mr" { print $2 }' "$tracing/kprobe_profile"; }
+# shellcheck source=../../test/vm/kernel_regs.sh
+source "$(dirname "$0")/../../test/vm/kernel_regs.sh"
+kernel_regs_start || exit 1
 
 no_cache=(-x UCX_IB_REG_METHODS=direct -x UCX_RCACHE_ENABLE=n
           -x UCX_MEM_MALLOC_HOOKS=no -x UCX_MEM_MMAP_HOOK_MODE=none)
