@@ -12,11 +12,11 @@ import glob
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
 import sys
-import time
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,6 +251,65 @@ def reg_mr_table(L, reg, git):
              "remote_write reg_mr_benchmark`).\n")
 
 
+def mpi_vm(iters):
+    """The plain MPI program over UCX in the VM (examples/mpi/mpi_served_vm.sh): per way, us per
+    ping-pong iteration per size, kernel registrations, and what rdmalloc served."""
+    subprocess.run(["bash", os.path.join(ROOT, "test", "vm", "setup.sh")], check=True,
+                   stdout=subprocess.DEVNULL)
+    out = sh([os.path.join(ROOT, "test", "vm", "run.sh"), "--timeout", "3600",
+              os.path.join(ROOT, "examples", "mpi", "mpi_served_vm.sh"),
+              os.path.join(BIN, "examples", "mpi", "mpi_pingpong"),
+              os.path.join(BIN, "allocator", "librdmalloc.so"),
+              os.path.join(ROOT, "examples", "mpi", "check_served.py"), str(iters)])
+    res = {"iters": iters, "us": {}, "kernel_regs": {}}
+    for line in out.splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        if "size" in f:
+            res["us"].setdefault(f["way"], {})[int(f["size"])] = float(f["us"])
+        elif "kernel_regs" in f:
+            res["kernel_regs"][f["way"]] = int(f["kernel_regs"])
+        m = re.match(r"rdmalloc: UCX asked (\d+) registrations: (\d+) served, (\d+) forwarded", line)
+        if m:
+            res["asked"], res["served"], res["forwarded"] = (int(x) for x in m.groups())
+    return res
+
+
+def mpi_table(L, mpi, git):
+    us = {w: {int(k): v for k, v in d.items()} for w, d in mpi["us"].items()}
+    regs = mpi["kernel_regs"]
+    L.append("## An unmodified MPI program over UCX: registrations served by rdmalloc (soft-RoCE in the VM)\n")
+    L.append("`examples/mpi/mpi_pingpong --no-lookup` (fresh `malloc` buffers per message, every byte "
+             "checked; it never calls rdmalloc) under Open MPI 4.1.4's UCX pml, UCX 1.13 on RC verbs "
+             "over `rxe0`, two ranks in the VM (`examples/mpi/mpi_served_vm.sh`, "
+             f"{mpi['iters']} ping-pongs per size). *UCX cache*: UCX's defaults (its registration "
+             "cache and memory hooks), no rdmalloc. *direct*: UCX's cache and hooks off "
+             "(`UCX_IB_REG_METHODS=direct UCX_RCACHE_ENABLE=n UCX_MEM_MALLOC_HOOKS=no "
+             "UCX_MEM_MMAP_HOOK_MODE=none`; UCX 1.13 has no `UCX_MEM_EVENTS`), no rdmalloc. "
+             "*rdmalloc*: the same, with librdmalloc.so preloaded and "
+             "`RDMALLOC_ACCESS=local_write,remote_read,remote_write,remote_atomic`, so UCX's own "
+             "`ibv_reg_mr` calls are served from the heap's registrations (docs/INTERPOSE.md). "
+             f"rdmalloc {git}. The CPU is emulated (TCG): the times are not performance, compare "
+             "the ratios and the counts.\n")
+    L.append(f"Kernel registrations per run, counted by a kprobe on `rxe_reg_user_mr`: UCX cache "
+             f"**{regs.get('ucx-cache', '?')}**, direct **{regs.get('direct', '?')}**, rdmalloc "
+             f"**{regs.get('rdmalloc', '?')}** (UCX asked {mpi.get('asked', '?')}: "
+             f"{mpi.get('served', '?')} served, {mpi.get('forwarded', '?')} forwarded; the rest are "
+             "rdmalloc's own region registrations).\n")
+    L.append("| size | round trip, UCX cache (µs) | round trip, rdmalloc (µs) | UCX cache / rdmalloc | "
+             "bandwidth UCX cache (MB/s) | bandwidth rdmalloc (MB/s) | direct / rdmalloc |")
+    L.append("|---|---|---|---|---|---|---|")
+    for n in sorted(us.get("rdmalloc", {})):
+        c, r, d = us.get("ucx-cache", {}).get(n), us["rdmalloc"][n], us.get("direct", {}).get(n)
+        if not (c and r and d):
+            continue
+        L.append(f"| {fmt_size(n)} | {c:,.1f} | {r:,.1f} | {c / r:.2f}× | {2 * n / c:#.3g} | "
+                 f"{2 * n / r:#.3g} | {d / r:.2f}× |")
+    L.append("")
+    L.append("A round trip is one iteration of the program: `malloc`, fill, send, receive, check and "
+             "`free` on both ranks; bandwidth is 2 × size / round trip. The first sizes include "
+             "connection set-up.\n")
+
+
 def fmt_size(n):
     for unit, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= s:
@@ -400,6 +459,8 @@ def write_markdown(path, res):
              "register-per-message column here understates what rdmalloc saves on real hardware.\n")
     if res.get("reg_mr"):
         reg_mr_table(L, res["reg_mr"], res.get("reg_mr_git", res["git"]))
+    if res.get("mpi"):
+        mpi_table(L, res["mpi"], res.get("mpi_git", res["git"]))
     if vm is not None:
         vper, vkeys = vm
         L.append("## The message path on real verbs (soft-RoCE in the VM)\n")
@@ -443,12 +504,27 @@ def main():
                     help="rewrite the markdown and plot from docs/benchmarks.json")
     ap.add_argument("--only-reg-mr", action="store_true",
                     help="run only the ibv_reg_mr section (in the VM) into docs/benchmarks.json")
+    ap.add_argument("--only-mpi", action="store_true",
+                    help="run only the MPI-over-UCX section (in the VM) into docs/benchmarks.json")
+    ap.add_argument("--mpi-iters", type=int, default=10)
     args = ap.parse_args()
     if args.render_only:
         with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
             render(json.load(f), args.out)
         return
     global BIN
+    if args.only_mpi:
+        subprocess.run(["bazel", "build", "-c", "opt", "//examples/mpi:mpi_pingpong",
+                        "//allocator:librdmalloc.so"], cwd=ROOT, check=True)
+        BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
+        with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
+            res = json.load(f)
+        res["mpi"] = mpi_vm(args.mpi_iters)
+        res["mpi_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+        save(res, args.out)
+        render(res, args.out)
+        print(f"wrote {args.out}")
+        return
     if args.only_reg_mr:
         subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks:reg_mr_benchmark",
                         "//allocator:librdmalloc.so"], cwd=ROOT, check=True)
@@ -462,7 +538,8 @@ def main():
         print(f"wrote {args.out}")
         return
     started = datetime.datetime.utcnow()
-    subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks/...", "//allocator:librdmalloc.so"],
+    subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks/...", "//allocator:librdmalloc.so",
+                    "//examples/mpi:mpi_pingpong"],
                    cwd=ROOT, check=True)
     BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
     rows = workloads(args.rounds, [int(t) for t in args.threads.split(",")])
@@ -475,6 +552,7 @@ def main():
                        stdout=subprocess.DEVNULL)
         vm = message_path(args.vm_min_time, vm=True)[:2]
     reg_mr = reg_mr_vm(args.vm_min_time) if args.vm else {}
+    mpi = mpi_vm(args.mpi_iters) if args.vm else {}
     look = lookup(args.min_time)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     res = {
@@ -483,7 +561,7 @@ def main():
         "machine": f"{os.cpu_count()} cores ({cpu}), {platform.release()} kernel, glibc {platform.libc_ver()[1]}",
         "rows": rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
         "per": per, "keys": keys, "steady": steady, "look": look,
-        "vm": [vm[0], vm[1]] if vm else None, "reg_mr": reg_mr,
+        "vm": [vm[0], vm[1]] if vm else None, "reg_mr": reg_mr, "mpi": mpi,
     }
     save(res, args.out)
     render(res, args.out)
