@@ -352,17 +352,21 @@ int Heap::Stats(struct rdmalloc_stats* out, size_t size) {
   s.heap_lock_waits = store_.shard_lock_waits();
   s.bytes_retained = store_.retained_bytes();
   s.releases_held_by_mrs = store_.releases_held();
-  s.mrs_served = get(mr_counters_.served);
-  s.mrs_forwarded = get(mr_counters_.forwarded);
-  s.mrs_live = get(mr_counters_.live);
-  s.mrs_forwarded_on_heap = get(mr_counters_.forwarded_on_heap);
+  int64_t on_heap = forwarded_on_heap_.load(std::memory_order_relaxed);
+  s.mrs_forwarded_on_heap = on_heap > 0 ? static_cast<uint64_t>(on_heap) : 0;
   regs_.FillStats(&s);
+  uint64_t served_gone = 0;
   for (const Stripe& st : stripes_) {
     s.lookups += get(st.lookups);
     s.lookup_not_ours += get(st.not_ours);
     s.lookup_cross += get(st.cross);
     s.lookup_einval += get(st.einval);
+    s.mrs_served += get(st.mrs_served);
+    s.mrs_forwarded += get(st.mrs_forwarded);
+    served_gone += get(st.mrs_served_gone);
   }
+  // Read stripe by stripe while threads count: never report a negative.
+  s.mrs_live = s.mrs_served > served_gone ? s.mrs_served - served_gone : 0;
   s.lookup_reg_failed = get(lookup_reg_failed_);
   s.lookup_slow = get(lookup_slow_);
   s.foreign_extents = get(foreign_extents_);

@@ -93,11 +93,13 @@ class Heap {
   // how many are held.
   size_t HoldRange(const void* addr, size_t len, Region** held, size_t max);
   void DropHold(Region* r);
-  // What the interposer counts, for rdmalloc_stats and the report.
-  struct MrCounters {
-    std::atomic<uint64_t> served{0}, forwarded{0}, live{0}, forwarded_on_heap{0};
-  };
-  MrCounters& mr_counters() { return mr_counters_; }
+  // What the interposer counts, for rdmalloc_stats and the report: served,
+  // deregistered and forwarded MRs on the calling thread's stripe (a served
+  // pair then costs no shared atomic), forwarded MRs on heap pages here.
+  void CountServed() { Bump(MyStripe().mrs_served); }
+  void CountServedGone() { Bump(MyStripe().mrs_served_gone); }
+  void CountForwarded() { Bump(MyStripe().mrs_forwarded); }
+  std::atomic<int64_t>& forwarded_on_heap() { return forwarded_on_heap_; }
   const char* BackendName() { return regs_.BackendName(); }
   // For reports: the device in use, or what stands in for one.
   const char* DeviceDescription() { return regs_.DeviceDescription(); }
@@ -126,6 +128,7 @@ class Heap {
   // each thread has its own stripe.
   struct alignas(64) Stripe {
     std::atomic<uint64_t> lookups{0}, not_ours{0}, cross{0}, einval{0};
+    std::atomic<uint64_t> mrs_served{0}, mrs_served_gone{0}, mrs_forwarded{0};
   };
   static void Bump(std::atomic<uint64_t>& c) {
     c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -163,7 +166,7 @@ class Heap {
   ReleasePipeline release_;
   Stripe stripes_[kStripes];
   std::atomic<uint64_t> lookup_reg_failed_{0}, lookup_slow_{0}, foreign_extents_{0};
-  MrCounters mr_counters_;
+  std::atomic<int64_t> forwarded_on_heap_{0};
 };
 
 // Each thread bumps its own stripe of the lookup counter: no shared cache

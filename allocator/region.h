@@ -120,14 +120,19 @@ struct alignas(64) Region {
   // extents of one class only and is registered with that class's rights.
   uint8_t access_class = 0;
   // Empty, and kept (mapped, still registered) for reuse within RDMALLOC_RETAIN.
-  bool kept = false;
+  // Written under the shard's lock; RegionStore::Drop reads it without.
+  std::atomic<bool> kept{false};
   // Memory registrations of the program's own (interposed ibv_reg_mr, served
   // or forwarded) covering pages of this region: while any exists, no page is
-  // purged and the region is not released. Changed under the shard's lock,
-  // which orders it with every release decision; a hold for an unregistered
-  // region is also taken under reg_lock, which orders it with the purge in
-  // the dalloc hook (a registered region is never purged anyway).
+  // purged and the region is not released. Taken and dropped without the
+  // shard's lock: a release decision (RegionStore::ClaimLocked) sets
+  // `closing` and then reads mr_holds, a hold adds itself and then reads
+  // `closing`, both sequentially consistent, so one always sees the other.
+  // A hold for an unregistered region is also taken under reg_lock, which
+  // orders it with the purge in the dalloc hook (a registered region is
+  // never purged anyway).
   std::atomic<int> mr_holds{0};
+  std::atomic<bool> closing{false};
   // The region store's shard (its arena's) that made it and guards its pages.
   uint8_t shard = 0;
 

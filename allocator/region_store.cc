@@ -169,8 +169,10 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   // in use than mapped (Unmap subtracts after the last page came back).
   bytes_mapped_.fetch_add(bytes, std::memory_order_release);
   r->pages.Take(0, size >> kPageShift);  // fresh pages: clean
-  r->kept = false;
-  r->mr_holds.store(0, std::memory_order_relaxed);
+  r->kept.store(false, std::memory_order_relaxed);
+  // mr_holds is 0 here, but for a stale Hold of the descriptor's last life
+  // that is about to give its hold back: not reset, so the two cancel out.
+  r->closing.store(false, std::memory_order_relaxed);
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   {
@@ -191,7 +193,7 @@ void RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, b
   *dirty = dirty_pages != 0;
   retained_pages_.fetch_sub(dirty_pages, std::memory_order_relaxed);
   s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
-  r->kept = false;
+  r->kept.store(false, std::memory_order_relaxed);
 }
 
 // A kept dedicated region for a request of `size`: large enough, not more
@@ -200,7 +202,7 @@ Region* RegionStore::KeptDedicatedLocked(Shard& s, unsigned access_class, size_t
                                          size_t alignment) {
   Region* best = nullptr;
   for (Region* c = s.regions; c != nullptr; c = c->next) {
-    if (!c->kept || !c->dedicated || c->access_class != access_class || c->length() < size ||
+    if (!c->kept.load(std::memory_order_relaxed) || !c->dedicated || c->access_class != access_class || c->length() < size ||
         c->length() / 2 > size || c->begin() % (alignment > kPageSize ? alignment : kPageSize) != 0)
       continue;
     if (best == nullptr || c->length() < best->length()) best = c;
@@ -215,7 +217,14 @@ void RegionStore::UnlistLocked(Shard& s, Region* r) {
   map_.Clear(r->begin(), r->length());
   r->seq.fetch_add(1);  // even: lookups that raced with us now fail
   retained_pages_.fetch_sub(r->pages.dirty_free_pages(), std::memory_order_relaxed);
-  r->kept = false;
+  r->kept.store(false, std::memory_order_relaxed);
+}
+
+bool RegionStore::ClaimLocked(Region* r) {
+  r->closing.store(true);  // sequentially consistent: before the load below
+  if (r->mr_holds.load() == 0) return true;
+  r->closing.store(false, std::memory_order_relaxed);
+  return false;
 }
 
 RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool purged) {
@@ -230,14 +239,18 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool pur
   if (r->pages.used_pages() == 0) {
     // Kept while what is kept stays within RDMALLOC_RETAIN (its resident
     // pages counted already): the next request of the shard reuses it, with
-    // its pages and registrations, instead of mapping a new region.
-    if (!OverRetain(0) || r->mr_holds > 0) {
-      if (r->mr_holds > 0 && OverRetain(0)) releases_held_.fetch_add(1, std::memory_order_relaxed);
-      r->kept = true;
-      gave = Gave::kKept;
-    } else {
-      UnlistLocked(s, r);
-      gave = Gave::kEmpty;
+    // its pages and registrations, instead of mapping a new region. Marked
+    // kept before the holds are read: a Drop of the last hold meanwhile
+    // either is seen here or sees `kept` and releases it itself.
+    r->kept.store(true);
+    gave = Gave::kKept;
+    if (OverRetain(0)) {
+      if (ClaimLocked(r)) {
+        UnlistLocked(s, r);
+        gave = Gave::kEmpty;
+      } else {
+        releases_held_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
   }
   s.lock.Unlock();
@@ -247,23 +260,31 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool pur
 // A release wanted but put off: kept empty regions that MRs still hold.
 void RegionStore::CountHeldLocked(Shard& s) {
   for (Region* c = s.regions; c != nullptr; c = c->next) {
-    if (c->kept && c->mr_holds > 0) releases_held_.fetch_add(1, std::memory_order_relaxed);
+    if (c->kept.load(std::memory_order_relaxed) && c->mr_holds.load() > 0)
+      releases_held_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
+// No shard lock: a served ibv_reg_mr/ibv_dereg_mr pair costs two atomics
+// here. See Region::mr_holds for why no release can pass a hold unseen.
 bool RegionStore::Hold(Region* r) {
-  Shard& s = shards_[r->shard];
-  SpinLockGuard g(s.lock);
-  if (!(r->seq.load() & 1)) return false;
-  r->mr_holds++;
-  return true;
+  r->mr_holds.fetch_add(1);
+  if (!r->closing.load() && (r->seq.load() & 1)) return true;
+  r->mr_holds.fetch_sub(1);  // being released, or gone: a release that saw us gave up
+  return false;
 }
 
 RegionStore::Gave RegionStore::Drop(Region* r) {
+  if (r->mr_holds.fetch_sub(1) > 1) return Gave::kInUse;
+  // Not empty: whoever empties it decides (Give reads the holds after it
+  // sets `kept`, and this reads `kept` after the holds fell to 0).
+  if (!r->kept.load()) return Gave::kInUse;
   Shard& s = shards_[r->shard];
   SpinLockGuard g(s.lock);
-  if (r->mr_holds.fetch_sub(1) > 1 || !r->kept) return Gave::kInUse;
+  // In use again, released meanwhile, or within the bound.
+  if (!r->kept.load(std::memory_order_relaxed) || !(r->seq.load() & 1)) return Gave::kInUse;
   if (!OverRetain(0)) return Gave::kKept;
+  if (!ClaimLocked(r)) return Gave::kInUse;  // held again
   UnlistLocked(s, r);
   return Gave::kEmpty;
 }
@@ -273,7 +294,7 @@ Region* RegionStore::ShedKept(unsigned shard) {
   Shard& s = shards_[shard];
   LockShard(s);
   Region* r = s.regions;
-  while (r != nullptr && !(r->kept && r->mr_holds == 0)) r = r->next;
+  while (r != nullptr && !(r->kept.load(std::memory_order_relaxed) && ClaimLocked(r))) r = r->next;
   if (r != nullptr) UnlistLocked(s, r);
   else CountHeldLocked(s);
   s.lock.Unlock();
@@ -284,7 +305,7 @@ Region* RegionStore::TakeKept() {
   for (Shard& s : shards_) {
     LockShard(s);
     Region* r = s.regions;
-    while (r != nullptr && !(r->kept && r->mr_holds == 0)) r = r->next;
+    while (r != nullptr && !(r->kept.load(std::memory_order_relaxed) && ClaimLocked(r))) r = r->next;
     if (r != nullptr) UnlistLocked(s, r);
     else CountHeldLocked(s);
     s.lock.Unlock();
@@ -296,7 +317,7 @@ Region* RegionStore::TakeKept() {
 size_t RegionStore::PurgeFree(Region* r) {
   Shard& s = shards_[r->shard];
   SpinLockGuard g(s.lock);
-  if (!(r->seq.load() & 1) || r->mr_holds > 0) return 0;
+  if (!(r->seq.load() & 1) || r->mr_holds.load() > 0) return 0;
   size_t purged = r->pages.PurgeDirtyFree([r](size_t first, size_t n) {
     return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
                    MADV_DONTNEED) == 0;

@@ -142,6 +142,10 @@ class RegionStore {
   void TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
   void UnlistLocked(Shard& s, Region* r);
   void CountHeldLocked(Shard& s);
+  // A release decision on an empty region, shard lock held: true unless an
+  // MR holds it (then a Hold racing with it may fail instead; it retries as
+  // forwarded).
+  bool ClaimLocked(Region* r);
   Region* KeptDedicatedLocked(Shard& s, unsigned access_class, size_t size, size_t alignment);
   Region* TakeDescriptor();
   void Recycle(Region* r);

@@ -259,7 +259,6 @@ void InstallForkHandlersOnce() {
   SetForkHandlers(LockRank::kMrTable, fork);
 }
 
-Heap::MrCounters& Counters() { return TheHeap().mr_counters(); }
 
 // Holds every region under [addr, addr+len) for rec. False if the holds could
 // not be stored (then none is kept).
@@ -336,8 +335,7 @@ ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length, unsigned access, uint64_t i
   rec->held_bytes = 0;
   FillServed(rec, pd, addr, length, access, keys, region);
   rec->state.store(kRecordServed, std::memory_order_release);
-  Counters().served.fetch_add(1, std::memory_order_relaxed);
-  Counters().live.fetch_add(1, std::memory_order_relaxed);
+  TheHeap().CountServed();
   return &rec->mr;
 }
 
@@ -365,7 +363,7 @@ void TrackForwarded(ibv_mr* mr, const void* addr, size_t length) {
   rec->real = mr;
   rec->state.store(kRecordForwarded, std::memory_order_release);
   if (!g_table.Track(mr, rec)) Log(0, "no memory to track an MR on heap pages: its regions stay held");
-  Counters().forwarded_on_heap.fetch_add(1, std::memory_order_relaxed);
+  TheHeap().forwarded_on_heap().fetch_add(1, std::memory_order_relaxed);
 }
 
 void Begin() {
@@ -376,7 +374,7 @@ void Begin() {
 // libibverbs' ibv_reg_mr and ibv_reg_mr_iova only call ibv_reg_mr_iova2
 // through its PLT, which resolves back here: call that one directly.
 ibv_mr* Forward(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned access) {
-  Counters().forwarded.fetch_add(1, std::memory_order_relaxed);
+  TheHeap().CountForwarded();
   const RealVerbs& real = Real();
   ibv_mr* mr = nullptr;
   if (real.reg_mr_iova2 != nullptr) {
@@ -405,7 +403,7 @@ int DeregServed(MrRecord* rec) {
     }
   }
   DropHolds(rec);
-  Counters().live.fetch_sub(1, std::memory_order_relaxed);
+  TheHeap().CountServedGone();
   g_table.Give(rec);
   return 0;
 }
@@ -420,7 +418,7 @@ int DeregForwarded(ibv_mr* mr) {
     return rc;  // the MR still exists, and so do its holds
   }
   DropHolds(tracked);
-  Counters().forwarded_on_heap.fetch_sub(1, std::memory_order_relaxed);
+  TheHeap().forwarded_on_heap().fetch_sub(1, std::memory_order_relaxed);
   g_table.Give(tracked);
   return 0;
 }
@@ -504,7 +502,7 @@ int ReregForwarded(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length,
   }
   if (tracked != nullptr) {
     DropHolds(tracked);
-    Counters().forwarded_on_heap.fetch_sub(1, std::memory_order_relaxed);
+    TheHeap().forwarded_on_heap().fetch_sub(1, std::memory_order_relaxed);
     g_table.Give(tracked);
   }
   TrackForwarded(mr, mr->addr, mr->length);

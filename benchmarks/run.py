@@ -245,7 +245,7 @@ def reg_mr_table(L, reg, git):
     L.append("")
     L.append("Natively (no VM: this machine has no RDMA device, so the stand-in libibverbs of "
              "`test/fake_ibverbs.cc` answers the one registration of each region, and every later "
-             "request is served), a served reg+dereg pair costs about 100–140 ns at every size "
+             "request is served), a served reg+dereg pair costs about 60–70 ns at every size "
              "(`LD_PRELOAD=\"librdmalloc.so libfake_ibverbs.so\" RDMALLOC_BACKEND=verbs "
              "RDMALLOC_VERBS_LIBRARY=libfake_ibverbs.so RDMALLOC_ACCESS=local_write,remote_read,"
              "remote_write reg_mr_benchmark`).\n")

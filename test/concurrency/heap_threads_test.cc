@@ -218,6 +218,52 @@ TEST(HeapThreads, ExtentsLookupsAndReleasesRace) {
   ExpectEmpty(heap);
 }
 
+// The program's memory registrations hold regions (Heap::HoldRange, as the
+// interposer does for an MR) while threads free, release, shed and trim: a
+// held region stays findable after its extent is freed, until the last hold
+// goes; then it may go, and at the end every region is gone. With
+// RDMALLOC_RETAIN=0 (heap_threads_noretain_test) every emptied region is
+// released at once, so holds race with release decisions all the time.
+TEST(HeapThreads, HeldRegionsOutliveTheirExtentsAndGoWithTheLastHold) {
+  Heap& heap = StartedHeap();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; t++) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(500 + t);
+      for (int i = 0; i < 300 && failures.load() == 0; i++) {
+        size_t size = PickPages(rng) << kPageShift;
+        bool zero = false;
+        // Two arenas for four threads: threads share regions and their holds.
+        void* p = heap.AllocExtent(static_cast<unsigned>(t % 2), 0, nullptr, size, kPageSize, &zero);
+        if (p == nullptr) {
+          ADD_FAILURE() << "no extent";
+          failures.fetch_add(1);
+          return;
+        }
+        Region* held[8];
+        size_t n = heap.HoldRange(p, size, held, 8);
+        Region* r = heap.RegionOf(p, size);
+        if (n == 0 || r == nullptr) {
+          ADD_FAILURE() << "no hold on a live extent";
+          failures.fetch_add(1);
+          return;
+        }
+        heap.FreeExtent(r, p, size);
+        if (rng() % 4 == 0) heap.GiveBackRetained();  // sheds and purges, as malloc_trim
+        if (heap.RegionOf(p, 1) != r) {
+          ADD_FAILURE() << "a region under a hold was released";
+          failures.fetch_add(1);
+        }
+        for (size_t j = 0; j < n; j++) heap.DropHold(held[j]);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  ExpectEmpty(heap);
+}
+
 // Domains come and go while threads look up their extents under them: every
 // lookup under an open domain covers the extent; removal deregisters all.
 TEST(HeapThreads, DomainsAddedAndRemovedUnderLookups) {
