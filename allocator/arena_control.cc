@@ -117,12 +117,16 @@ bool Watched(const size_t* mib, size_t miblen) {
          Is(g_hooks_of, mib, miblen) || Is(g_destroy, mib, miblen) || Is(g_reset, mib, miblen);
 }
 
-}  // namespace
+// The watched nodes, looked up at the first control call, not at start-up:
+// jemalloc's first mallctl builds its whole control tree with per-arena
+// statistics (a tenth of a small program's start-up), which a program that
+// never calls mallctl need not pay for.
+std::atomic<bool> g_resolved{false};
 
-void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*give_back)()) {
-  g_give_back = give_back;
-  g_ours = ours;
-  g_defaults = defaults;
+void Resolve() {
+  if (g_resolved.load(std::memory_order_acquire)) return;
+  SpinLockGuard g(g_control_lock);
+  if (g_resolved.load(std::memory_order_relaxed)) return;
   size_t len = sizeof g_automatic_arenas;
   rdmj_mallctl("opt.narenas", &g_automatic_arenas, &len, nullptr, 0);
   NameToMib("arenas.create", &g_create);
@@ -132,6 +136,15 @@ void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*giv
   NameToMib("arena.0.reset", &g_reset, /*per_arena=*/true);
   NameToMib("arena.0.purge", &g_purge, /*per_arena=*/true);
   NameToMib("arena.0.decay", &g_decay, /*per_arena=*/true);
+  g_resolved.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*give_back)()) {
+  g_give_back = give_back;
+  g_ours = ours;
+  g_defaults = defaults;
   ForkHandlers fork;
   fork.prepare = ForkPrepare;
   fork.parent = ForkParent;
@@ -140,6 +153,7 @@ void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*giv
 }
 
 unsigned CreateArena(extent_hooks_t* hooks, bool internal) {
+  Resolve();
   SpinLockGuard g(g_control_lock);
   unsigned ind = 0;
   size_t len = sizeof ind;
@@ -151,6 +165,7 @@ unsigned CreateArena(extent_hooks_t* hooks, bool internal) {
 }
 
 int ControlMallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen) {
+  Resolve();
   // Every watched node lies under "arena." or "arenas." or is
   // experimental.arenas_create_ext; the rest goes straight to jemalloc.
   if (name != nullptr && (strncmp(name, "arena", 5) == 0 || strncmp(name, "experimental.", 13) == 0)) {
@@ -165,6 +180,7 @@ int ControlMallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, si
 
 int ControlMallctlByMib(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,
                         size_t newlen) {
+  Resolve();
   if (mib != nullptr && Watched(mib, miblen))
     return Guarded(mib, miblen, oldp, oldlenp, newp, newlen);
   if (mib != nullptr && GivesBack(mib, miblen))

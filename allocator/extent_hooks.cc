@@ -138,13 +138,11 @@ unsigned ClassArena(unsigned access_class) {
 }
 
 void InstallExtentHooks() {
-  // Every arena, arena 0 included, was made with rdmj_arena_config (below):
-  // this call (jemalloc's first, if malloc has not run yet) only checks that.
-  extent_hooks_t* arena0 = nullptr;
-  size_t len = sizeof arena0;
-  if (rdmj_mallctl("arena.0.extent_hooks", &arena0, &len, nullptr, 0) != 0 || arena0 != &g_hooks)
-    Log(0, "arena 0 does not run on rdmalloc's hooks: its memory is not registered");
-  // From here on every control path goes through the guard.
+  // Every arena, arena 0 included, is made with rdmj_arena_config (below), so
+  // there is nothing to install; no mallctl here, which would build
+  // jemalloc's control tree at every start (//test:arena_control_test checks
+  // the hooks of every arena). From here on every control path goes through
+  // the guard.
   InitArenaControl(&g_hooks, g_default, [] { TheHeap().GiveBackRetained(); });
   ForkHandlers fork;
   fork.prepare = [] { g_class_lock.Lock(); };

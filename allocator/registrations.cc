@@ -38,9 +38,10 @@ void Registrations::ChooseBackend() {
     case BackendChoice::kUring: kind_ = Kind::kUring; break;
     case BackendChoice::kNone: kind_ = Kind::kNone; break;
     case BackendChoice::kAuto:
-      kind_ = CountRdmaDevices() > 0 ? Kind::kVerbs
-              : UringProbe() == 0    ? Kind::kUring
-                                     : Kind::kNone;
+      // io_uring is probed when the backend opens (EnsureBackend), not at
+      // every program's start: most never register anything.
+      kind_ = CountRdmaDevices() > 0 ? Kind::kVerbs : Kind::kUring;
+      uring_unprobed_ = kind_ == Kind::kUring;
       break;
   }
   // Eager registration happens inside the alloc hook, so only a backend that
@@ -64,6 +65,10 @@ int Registrations::EnsureBackend() {
     } else {
       kind_ = UringProbe() == 0 ? Kind::kUring : Kind::kNone;
     }
+  }
+  if (uring_unprobed_ && UringProbe() != 0) {
+    kind_ = Kind::kNone;
+    eager_ = false;  // eager mode opens the backend at start-up, before any hook reads this
   }
   if (kind_ == Kind::kUring) registrar_ = MakeUringRegistrar().release();
   if (registrar_ != nullptr && g_registrar_wrapper != nullptr)

@@ -114,6 +114,7 @@ class Registrations {
   void (*opened_)(void* ctx) = nullptr;
   void* opened_ctx_ = nullptr;
   Kind kind_ = Kind::kNone;
+  bool uring_unprobed_ = false;  // chosen for want of a device; probed at EnsureBackend
   Registrar* registrar_ = nullptr;
   std::atomic<int> backend_ready_{0};
   int backend_err_ = 0;

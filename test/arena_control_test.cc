@@ -95,6 +95,21 @@ int SetHooksByMib(unsigned arena, extent_hooks_t* hooks) {
   return mallctlbymib(mib, miblen, nullptr, nullptr, &hooks, sizeof hooks);
 }
 
+// Every automatic arena, arena 0 and those jemalloc makes later alike, runs
+// on rdmalloc's hooks from birth (no start-up mallctl checks it any more):
+// its memory is registered heap, and all share one set of hooks.
+TEST(ArenaControl, EveryAutomaticArenaRunsOnRdmallocsHooks) {
+  unsigned narenas = 0;
+  size_t len = sizeof narenas;
+  ASSERT_EQ(mallctl("opt.narenas", &narenas, &len, nullptr, 0), 0);
+  ASSERT_GE(narenas, 1u);
+  for (unsigned i = 0; i < narenas; i++) {
+    EXPECT_EQ(LookupInArena(i), RDMALLOC_OK) << "arena " << i;
+    EXPECT_NE(HooksOf(i), nullptr);
+    EXPECT_EQ(HooksOf(i), Rdmallocs()) << "arena " << i;
+  }
+}
+
 TEST(ArenaControl, ArenasCreateWithoutHooksGetsRdmallocsByNameAndByMib) {
   unsigned by_name = CreateByName(nullptr);
   unsigned by_mib = CreateByMib();
