@@ -30,11 +30,20 @@ run() {
   shift
   rm -f "$work/$way.json"
   before=$(kernel_regs)
-  # msg endpoints (RC over rdma_cm); sizes 64 B .. 8 MiB, 10 iterations each.
-  env "$@" "$pingpong" -p verbs -e msg -d rxe0 -I 10 -S all -c >"$work/$way.server" 2>&1 &
+  # msg endpoints (RC over rdma_cm); sizes 64 B .. 8 MiB, 5 iterations each.
+  # Each side under a timeout: a client that never connects leaves the server
+  # waiting for good.
+  timeout 300 env "$@" "$pingpong" -p verbs -e msg -d rxe0 -I 5 -S all -c \
+    >"$work/$way.server" 2>&1 &
   server=$!
-  sleep 1  # the server listens on its control port before the client connects
-  env "$@" "$pingpong" -p verbs -e msg -d rxe0 -I 10 -S all -c "$addr" >"$work/$way.client" 2>&1
+  # The client connects once the server listens on its control port (47592);
+  # under a loaded emulator that can take seconds.
+  for ((i = 0; i < 600; i++)); do
+    ss -ltnH 'sport = :47592' 2>/dev/null | grep -q . && break
+    sleep 0.1
+  done
+  timeout 300 env "$@" "$pingpong" -p verbs -e msg -d rxe0 -I 5 -S all -c "$addr" \
+    >"$work/$way.client" 2>&1
   rc_c=$?
   wait "$server"
   rc_s=$?
