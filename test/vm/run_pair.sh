@@ -94,11 +94,12 @@ SOFTROCE_VM_NET=connect:$port SOFTROCE_VM_IP=10.77.0.1/24 SOFTROCE_VM_HOSTNAME=r
   run_pair "$@" &
 PID1=$!
 
-# Whichever ends first: VM 2 ending early fails the run (VM 1's CMD could not finish).
+# Whichever ends first. VM 2 ends cleanly (0) only when VM 1 stopped its server; ending
+# otherwise while VM 1 runs fails the run (VM 1's CMD could not finish).
 wait -n "$PID1" "$PID2"
 if ! kill -0 "$PID2" 2>/dev/null; then
   wait "$PID2"; rc2=$?; PID2=
-  if kill -0 "$PID1" 2>/dev/null; then
+  if [[ $rc2 -ne 0 ]] && kill -0 "$PID1" 2>/dev/null; then
     vm2_done "$rc2"
     echo "run_pair: vm2 ended (exit $rc2) while vm1 still ran; stopping vm1" >&2
     kill -TERM "$PID1"; wait "$PID1"; PID1=
