@@ -48,11 +48,12 @@ out=$(bash "$RUN" --prepare 2>&1) || { rc=$?; echo "$out" >&2; exit "$rc"; }
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') ||
   { echo "vm: cannot start: no free TCP port on 127.0.0.1"; exit 125; }
 
-PID1= PID2=
+PID1= PID2= log2=
 cleanup() {
   local p
   for p in $PID1 $PID2; do kill -TERM "$p" 2>/dev/null; done
   wait 2>/dev/null
+  [[ -z $log2 ]] || rm -f "$log2"
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
@@ -69,10 +70,8 @@ vm2_done() {  # VM 2 has ended with exit code $1
   if [[ $1 -eq 125 ]]; then
     grep -m1 '^vm: cannot start' "$log2" | sed 's/start:/start: vm2:/' | grep . >&2 ||
       echo "vm: cannot start: vm2 exited 125" >&2
-    rm -f "$log2"
     exit 125
   fi
-  rm -f "$log2"
 }
 listening=0
 for ((i = 0; i < 600; i++)); do
@@ -81,6 +80,7 @@ for ((i = 0; i < 600; i++)); do
   sleep 0.1
 done
 if [[ $listening -eq 0 ]]; then
+  kill -TERM "$PID2" 2>/dev/null   # if it still runs without listening
   wait "$PID2"; rc=$?; PID2=
   vm2_done "$rc"
   echo "vm: cannot start: vm2's QEMU did not listen on 127.0.0.1:$port (vm2 exit $rc)" >&2
