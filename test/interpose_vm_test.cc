@@ -14,7 +14,13 @@
 // the NIC and the CPU still see the same pages (rdmalloc only: glibc unmaps
 // large freed blocks, and the CPU could not even touch them).
 //
-//   interpose_vm_test --expect=served|forwarded [--cycles=N] [--after-free]
+// In one VM, A spawns B itself (over loopback). Across the two VMs of
+// test/vm/run_pair.sh, A listens on a port and B is started in the other VM
+// with the address to connect to (//test:interpose_pair_vm_test).
+//
+//   interpose_vm_test --expect=served|forwarded [--cycles=N] [--after-free] [--listen=PORT]
+//   interpose_vm_test --role=peer --connect=IP:PORT      (B, for --listen)
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
@@ -56,27 +62,39 @@ struct Link {
   pid_t peer = -1;
 };
 
-Link Connect() {
+// listen_port 0: spawn B here, over loopback; else wait for B from anywhere.
+Link Connect(int listen_port) {
   Link l;
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   CHECK(lfd >= 0, "socket");
-  sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in sa = LoopbackAddr(listen_port);
+  if (listen_port != 0) {
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    int one = 1;  // the runs of a pair reuse the port at once
+    CHECK(setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0, "SO_REUSEADDR");
+  }
   CHECK(bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0, "bind");
   CHECK(listen(lfd, 1) == 0, "listen");
   socklen_t sl = sizeof sa;
   CHECK(getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl) == 0, "getsockname");
-  // B gets glibc's malloc and no rdmalloc settings: a remote peer of its own.
-  l.peer = SpawnPeer(ntohs(sa.sin_port), {"LD_PRELOAD=", "RDMALLOC_"}, nullptr);
-  CHECK(l.peer > 0, "spawn B");
+  if (listen_port == 0) {
+    // B gets glibc's malloc and no rdmalloc settings: a remote peer of its own.
+    l.peer = SpawnPeer(ntohs(sa.sin_port), {"LD_PRELOAD=", "RDMALLOC_"}, nullptr);
+    CHECK(l.peer > 0, "spawn B");
+  }
   pollfd pfd{lfd, POLLIN, 0};
-  CHECK(poll(&pfd, 1, 30000) == 1, "B did not connect within 30 s");
-  l.fd = accept(lfd, nullptr, nullptr);
+  int limit_s = listen_port == 0 ? 30 : static_cast<int>(kConnectLimitS);
+  CHECK(poll(&pfd, 1, limit_s * 1000) == 1, "B did not connect within %d s", limit_s);
+  sockaddr_in from;
+  socklen_t fl = sizeof from;
+  l.fd = accept(lfd, reinterpret_cast<sockaddr*>(&from), &fl);
   CHECK(l.fd >= 0, "accept");
   close(lfd);
   SetTimeouts(l.fd, kSockTimeoutS);
+  char host[64] = "?", from_s[INET_ADDRSTRLEN] = "?";
+  gethostname(host, sizeof host - 1);
+  inet_ntop(AF_INET, &from.sin_addr, from_s, sizeof from_s);
+  printf("A on %s: B connected from %s\n", host, from_s);
 
   ibv_device** list = nullptr;
   l.ctx = OpenRxe0(&list);
@@ -93,15 +111,21 @@ Link Connect() {
   memset(&mine, 0, sizeof mine);
   mine.qp_num = qp->qp_num;
   mine.psn = 0x1000;
-  union ibv_gid gid;
-  CHECK(ibv_query_gid(l.ctx, 1, kGidIndex, &gid) == 0, "ibv_query_gid");
+  ibv_gid gid{};
+  int gid_index = PickGid(l.ctx, pa, &gid);
+  CHECK(gid_index >= 0, "no GID on rxe0");
   memcpy(mine.gid, gid.raw, 16);
   CHECK(RecvAll(l.fd, &theirs, sizeof theirs), "B's qp info");
   CHECK(SendAll(l.fd, &mine, sizeof mine), "send qp info");
-  const char* err = ConnectQp(qp, pa.active_mtu, mine, theirs);
+  const char* err = ConnectQp(qp, pa.active_mtu, gid_index, mine, theirs);
   CHECK(err == nullptr, "%s", err);
   char ready = 0;
   CHECK(RecvAll(l.fd, &ready, 1) && ready == 'R', "B not ready");
+  char gid_s[INET6_ADDRSTRLEN] = "?", peer_gid_s[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET6, mine.gid, gid_s, sizeof gid_s);
+  inet_ntop(AF_INET6, theirs.gid, peer_gid_s, sizeof peer_gid_s);
+  printf("A: RC QP %u connected from GID %s (index %d) to B's QP %u at GID %s, mtu %d\n",
+         qp->qp_num, gid_s, gid_index, theirs.qp_num, peer_gid_s, 128 << pa.active_mtu);
   return l;
 }
 
@@ -116,8 +140,8 @@ Reply Cycle(const Link& l, void* p, size_t n, uint32_t rkey, uint64_t seed_a, ui
 
 const size_t kSizes[] = {4096, 100, 65536, kMiB + 8, 777, 256 * 1024, 2 * kMiB, 8, 3000, 512 * 1024};
 
-int Run(bool expect_served, int cycles, bool after_free) {
-  Link l = Connect();
+int Run(bool expect_served, int cycles, bool after_free, int listen_port) {
+  Link l = Connect(listen_port);
   const int warmup = 10;
   int kernel_regs = 0, kernel_regs_after_warmup = 0;
   size_t read_bad = 0, cpu_bad = 0;
@@ -189,9 +213,16 @@ int Run(bool expect_served, int cycles, bool after_free) {
 
   Request bye{kBye, 0, 0, 0, 0, 0};
   CHECK(SendAll(l.fd, &bye, sizeof bye), "bye");
-  bool exited = false;
-  int status = WaitBounded(l.peer, 30, &exited);
-  CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "B status %d", status);
+  if (l.peer > 0) {
+    bool exited = false;
+    int status = WaitBounded(l.peer, 30, &exited);
+    CHECK(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "B status %d", status);
+  } else {
+    // B in the other VM: its exit status is its launcher's to check; here, it
+    // must have closed the connection (done with its QP) before A tears down.
+    char c;
+    CHECK(recv(l.fd, &c, 1, 0) == 0, "B did not close the connection after bye");
+  }
   // A program cleans up: with every MR of its own gone the pd must go too,
   // though rdmalloc registered the heap on it.
   CHECK(ibv_destroy_qp(l.qp) == 0, "ibv_destroy_qp");
@@ -207,21 +238,29 @@ int Run(bool expect_served, int cycles, bool after_free) {
 }  // namespace rdmalloc_test
 
 int main(int argc, char** argv) {
-  if (argc == 3 && strcmp(argv[1], "--role=peer") == 0)
-    return rdmalloc_test::PeerMain(atoi(argv[2]));
-  int expect = -1, cycles = 60;
+  if (argc == 3 && strcmp(argv[1], "--role=peer") == 0) {
+    sockaddr_in a = rdmalloc_test::LoopbackAddr(atoi(argv[2]));
+    if (strncmp(argv[2], "--connect=", 10) == 0 && !rdmalloc_test::ParseIpPort(argv[2] + 10, &a)) {
+      fprintf(stderr, "usage: %s --role=peer --connect=IP:PORT\n", argv[0]);
+      return 2;
+    }
+    return rdmalloc_test::PeerMain(a);
+  }
+  int expect = -1, cycles = 60, listen_port = 0;
   bool after_free = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--expect=served") == 0) expect = 1;
     else if (strcmp(argv[i], "--expect=forwarded") == 0) expect = 0;
     else if (strncmp(argv[i], "--cycles=", 9) == 0) cycles = atoi(argv[i] + 9);
     else if (strcmp(argv[i], "--after-free") == 0) after_free = true;
+    else if (strncmp(argv[i], "--listen=", 9) == 0 && atoi(argv[i] + 9) > 0) listen_port = atoi(argv[i] + 9);
     else expect = -2;
   }
-  if (expect < 0 || cycles < 11) {
-    fprintf(stderr, "usage: %s --expect=served|forwarded [--cycles=N>10] [--after-free]\n", argv[0]);
+  if (expect < 0 || cycles < 11 || listen_port > 65535) {
+    fprintf(stderr, "usage: %s --expect=served|forwarded [--cycles=N>10] [--after-free] "
+            "[--listen=PORT]\n       %s --role=peer --connect=IP:PORT\n", argv[0], argv[0]);
     return 2;
   }
   alarm(900);
-  return rdmalloc_test::Run(expect == 1, cycles, after_free);
+  return rdmalloc_test::Run(expect == 1, cycles, after_free, listen_port);
 }

@@ -108,12 +108,13 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
   memset(&mine, 0, sizeof mine);
   mine.qp_num = qp->qp_num;
   mine.psn = 0x1000;
-  union ibv_gid gid;
-  ASSERT_EQ(ibv_query_gid(ctx, 1, kGidIndex, &gid), 0);
+  ibv_gid gid{};
+  int gid_index = PickGid(ctx, pa, &gid);
+  ASSERT_GE(gid_index, 0) << "no GID on rxe0";
   memcpy(mine.gid, gid.raw, 16);
   ASSERT_TRUE(RecvAll(fd, &theirs, sizeof theirs)) << "B's qp info";
   ASSERT_TRUE(SendAll(fd, &mine, sizeof mine));
-  const char* err = ConnectQp(qp, pa.active_mtu, mine, theirs);
+  const char* err = ConnectQp(qp, pa.active_mtu, gid_index, mine, theirs);
   ASSERT_EQ(err, nullptr) << err << " errno " << errno;
   char ready = 0;
   ASSERT_TRUE(RecvAll(fd, &ready, 1));
@@ -239,7 +240,7 @@ TEST(TwoProcessVm, PeerReadsAndWritesRdmallocHeapAcrossReallocAndPurge) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--role=peer") == 0)
-    return rdmalloc_test::PeerMain(atoi(argv[2]));
+    return rdmalloc_test::PeerMain(rdmalloc_test::LoopbackAddr(atoi(argv[2])));
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

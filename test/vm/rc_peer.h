@@ -1,8 +1,9 @@
-// Process B of the real-verbs two-process tests (inside test/vm/run.sh's VM):
-// a plain verbs peer that opens rxe0 itself, connects an RC QP to process A
-// over a TCP socket, and per request RDMA-READs A's buffer (checking the word
-// pattern) and RDMA-WRITEs a new one. Shared by //test:two_process_vm_test
-// (A uses rdmalloc_lookup) and //test:interpose_vm_test (A is a plain verbs
+// Process B of the real-verbs two-process tests (inside test/vm/run.sh's VM,
+// or in the second VM of run_pair.sh): a plain verbs peer that opens rxe0
+// itself, connects an RC QP to process A over a TCP socket, and per request
+// RDMA-READs A's buffer (checking the word pattern) and RDMA-WRITEs a new one.
+// Shared by //test:two_process_vm_test (A uses rdmalloc_lookup) and
+// //test:interpose_vm_test, interpose_pair_vm_test (A is a plain verbs
 // program calling ibv_reg_mr); nothing here includes rdmalloc.h.
 #ifndef RDMALLOC_TEST_VM_RC_PEER_H_
 #define RDMALLOC_TEST_VM_RC_PEER_H_
@@ -38,9 +39,9 @@ namespace rdmalloc_test {
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kStagingBytes = 8 * kMiB;  // B's registered staging buffer
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
-constexpr int kGidIndex = 0;
 constexpr double kCqLimitS = 10;
 constexpr int kSockTimeoutS = 120;  // one cycle of 64 MiB under TCG, with margin
+constexpr double kConnectLimitS = 120;  // A's guest of a pair may still be booting
 
 
 // ------------------------------------------------------------------ wire
@@ -100,6 +101,27 @@ inline void SetTimeouts(int fd, int secs) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+inline sockaddr_in LoopbackAddr(int port) {
+  sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return sa;
+}
+
+// "A.B.C.D:PORT" (A in the other VM of a pair); false if it is not that.
+inline bool ParseIpPort(const char* s, sockaddr_in* out) {
+  const char* colon = strrchr(s, ':');
+  if (colon == nullptr) return false;
+  std::string ip(s, colon);
+  char* end = nullptr;
+  long port = strtol(colon + 1, &end, 10);
+  *out = LoopbackAddr(0);
+  out->sin_port = htons(static_cast<uint16_t>(port));
+  return *end == '\0' && port > 0 && port < 65536 && inet_pton(AF_INET, ip.c_str(), &out->sin_addr) == 1;
+}
+
 // ------------------------------------------------------------------ verbs
 
 inline ibv_context* OpenRxe0(ibv_device*** list_out) {
@@ -125,8 +147,39 @@ inline ibv_qp* CreateRcQp(ibv_pd* pd, ibv_cq* cq) {
   return ibv_create_qp(pd, &ia);
 }
 
-// RESET -> INIT -> RTR -> RTS towards `remote` (attributes as verbs_loopback.c).
-inline const char* ConnectQp(ibv_qp* qp, ibv_mtu mtu, const QpInfo& local, const QpInfo& remote) {
+// The source GID on port 1, by content rather than by index; its index, or -1.
+// rxe speaks RoCEv2 only, and its table has an entry per address of its netdev:
+// the IPv6 link-local one (index 0 in practice) and, when the netdev has an
+// IPv4 address, the IPv4-mapped one (::ffff:a.b.c.d). The IPv4-mapped entry is
+// taken when there is one: across the VM pair's link (run_pair.sh) it is the
+// address the guests are configured with, resolved by ARP like any IPv4
+// packet, and it depends neither on the table's order nor on IPv6 being up.
+// Without an IPv4 address (one VM, rxe on a dummy netdev) only the link-local
+// entry exists, and it is used. Both sides choose by the same rule, so their
+// GIDs are of one family.
+inline int PickGid(ibv_context* ctx, const ibv_port_attr& pa, ibv_gid* out) {
+  static const uint8_t kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  int first = -1;
+  for (int i = 0; i < pa.gid_tbl_len; i++) {
+    ibv_gid g;
+    if (ibv_query_gid(ctx, 1, i, &g) != 0 || (g.global.subnet_prefix == 0 && g.global.interface_id == 0))
+      continue;
+    if (memcmp(g.raw, kV4Mapped, sizeof kV4Mapped) == 0) {
+      *out = g;
+      return i;
+    }
+    if (first < 0) {
+      first = i;
+      *out = g;
+    }
+  }
+  return first;
+}
+
+// RESET -> INIT -> RTR -> RTS towards `remote` from source GID `sgid_index`
+// (attributes as verbs_loopback.c).
+inline const char* ConnectQp(ibv_qp* qp, ibv_mtu mtu, int sgid_index, const QpInfo& local,
+                             const QpInfo& remote) {
   ibv_qp_attr a;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_INIT;
@@ -144,7 +197,7 @@ inline const char* ConnectQp(ibv_qp* qp, ibv_mtu mtu, const QpInfo& local, const
   a.min_rnr_timer = 12;
   a.ah_attr.is_global = 1;
   memcpy(a.ah_attr.grh.dgid.raw, remote.gid, 16);
-  a.ah_attr.grh.sgid_index = kGidIndex;
+  a.ah_attr.grh.sgid_index = static_cast<uint8_t>(sgid_index);
   a.ah_attr.grh.hop_limit = 1;
   a.ah_attr.port_num = 1;
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
@@ -200,7 +253,8 @@ inline int PeerOp(ibv_qp* qp, ibv_cq* cq, ibv_wr_opcode op, ibv_mr* mr, uint64_t
     _exit(3);                                  \
   } while (0)
 
-inline int PeerMain(int port) {
+// B connects to A at `a` (retrying until A listens) and serves its requests.
+inline int PeerMain(const sockaddr_in& a) {
   alarm(600);  // the last resort: never outlive the VM run
   ibv_device** list = nullptr;
   ibv_context* ctx = OpenRxe0(&list);
@@ -219,26 +273,28 @@ inline int PeerMain(int port) {
   ibv_qp* qp = CreateRcQp(pd, cq);
   if (qp == nullptr) PEER_DIE("ibv_create_qp");
 
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) PEER_DIE("socket");
+  int fd = -1;
+  for (double deadline = NowSeconds() + kConnectLimitS;;) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) PEER_DIE("socket");
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) break;
+    close(fd);
+    if (NowSeconds() > deadline) PEER_DIE("connect to A");
+    usleep(100000);
+  }
   SetTimeouts(fd, kSockTimeoutS);
-  sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) PEER_DIE("connect");
 
   QpInfo mine, theirs;
   memset(&mine, 0, sizeof mine);
   mine.qp_num = qp->qp_num;
   mine.psn = 0x2000 + (getpid() & 0xfff);
-  union ibv_gid gid;
-  if (ibv_query_gid(ctx, 1, kGidIndex, &gid) != 0) PEER_DIE("ibv_query_gid");
+  ibv_gid gid{};
+  int gid_index = PickGid(ctx, pa, &gid);
+  if (gid_index < 0) PEER_DIE("no GID on rxe0");
   memcpy(mine.gid, gid.raw, 16);
   if (!SendAll(fd, &mine, sizeof mine) || !RecvAll(fd, &theirs, sizeof theirs))
     PEER_DIE("qp info exchange");
-  if (const char* err = ConnectQp(qp, pa.active_mtu, mine, theirs)) PEER_DIE("%s", err);
+  if (const char* err = ConnectQp(qp, pa.active_mtu, gid_index, mine, theirs)) PEER_DIE("%s", err);
   char ready = 'R';  // A posts its first request only after both sides reach RTS
   if (!SendAll(fd, &ready, 1)) PEER_DIE("ready");
 

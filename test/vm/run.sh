@@ -22,6 +22,12 @@
 #   SOFTROCE_VM_VERBOSE  1: copy the guest console to stderr while it runs
 #   SOFTROCE_VM_APPEND   extra kernel command line (e.g. "loglevel=7" to debug a boot)
 #   SOFTROCE_VM_KEEP     1: keep the per-run results dir (its path is printed)
+#   SOFTROCE_VM_NET      listen:PORT | connect:PORT: give the guest a virtio-net NIC joined to
+#                        another guest's by a QEMU socket netdev on 127.0.0.1:PORT (the
+#                        listening QEMU must be up first), and put rxe0 on it instead of a
+#                        dummy netdev; needs SOFTROCE_VM_IP. run_pair.sh boots two this way.
+#   SOFTROCE_VM_IP       the NIC's IPv4 address/prefix, e.g. 10.77.0.1/24 (also picks its MAC)
+#   SOFTROCE_VM_HOSTNAME the guest's host name (default: unset, the kernel's "(none)")
 # The caller's whole environment is passed to CMD (see write_env below).
 set -euo pipefail
 
@@ -58,6 +64,18 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $PREPARE_ONLY -eq 1 || $# -gt 0 ]] || usage
+
+NET=${SOFTROCE_VM_NET:-}
+NET_IP=${SOFTROCE_VM_IP:-}
+if [[ -n $NET ]]; then
+  [[ $NET =~ ^(listen|connect):[0-9]+$ ]] ||
+    { echo "vm: SOFTROCE_VM_NET must be listen:PORT or connect:PORT, not '$NET'" >&2; exit 2; }
+  [[ $NET_IP =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)/[0-9]+$ ]] ||
+    { echo "vm: SOFTROCE_VM_NET needs SOFTROCE_VM_IP=A.B.C.D/LEN, not '$NET_IP'" >&2; exit 2; }
+  # Each guest of a pair needs its own MAC (QEMU's default is the same for all): the
+  # address's last two bytes.
+  NET_MAC=$(printf '52:54:00:77:%02x:%02x' "${BASH_REMATCH[3]}" "${BASH_REMATCH[4]}")
+fi
 
 # ---------------------------------------------------------------------------------------
 # Host prerequisites.
@@ -163,24 +181,46 @@ exec 3>"$CTL"
 
 # The kernel hands PID 1 no PATH and stage 1 only set /bin; the caller's PATH comes later.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+source "$R/net.sh"   # NET_IP, NET_HOSTNAME: empty unless SOFTROCE_VM_NET/_HOSTNAME are set
 setup_rxe() {
   # Explicit checks: `set -e` is void inside a function called from `||`.
+  local dev=rxedummy0 i s gid=
   ip link set lo up &&
-  modprobe rdma_rxe &&
-  modprobe dummy numdummies=0 &&
-  ip link add rxedummy0 type dummy &&
-  ip link set rxedummy0 up &&
-  rdma link add rxe0 type rxe netdev rxedummy0 || return 1
+  modprobe rdma_rxe || return 1
+  if [[ -n $NET_IP ]]; then
+    # The initramfs loads only what mounting the host root needs; the NIC's driver comes
+    # from the host's module tree like rdma_rxe. No udev here: take the one netdev
+    # backed by a device, whatever the kernel named it.
+    modprobe virtio_net || return 1
+    dev=
+    for ((i = 0; i < 100; i++)); do
+      for s in /sys/class/net/*; do [[ -e $s/device ]] && dev=${s##*/}; done
+      [[ -n $dev ]] && break
+      sleep 0.05
+    done
+    [[ -n $dev ]] || { echo "no virtio-net netdev appeared"; return 1; }
+    ip addr add "$NET_IP" dev "$dev" && ip link set "$dev" up || return 1
+    # rxe's GID for the IPv4 address (::ffff:a.b.c.d, as sysfs prints it). The GID table is
+    # filled asynchronously; programs pick this entry (test/vm/rc_peer.h), so wait for it.
+    gid=$(IFS=./ read -r a b c d _ <<<"$NET_IP"; printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+  else
+    modprobe dummy numdummies=0 &&
+    ip link add "$dev" type dummy &&
+    ip link set "$dev" up || return 1
+  fi
+  rdma link add rxe0 type rxe netdev "$dev" || return 1
   # The port goes ACTIVE asynchronously once the netdev is up.
-  local i s
   for ((i = 0; i < 200; i++)); do
     s=$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null || true)
-    [[ $s == *ACTIVE* ]] && return 0
+    if [[ $s == *ACTIVE* ]] && { [[ -z $gid ]] || grep -qx "$gid" /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null; }; then
+      return 0
+    fi
     sleep 0.05
   done
-  echo "rxe0 port state: ${s:-missing}"
+  echo "rxe0 port state: ${s:-missing}${gid:+, GID $gid not in its table}"
   return 1
 }
+[[ -z $NET_HOSTNAME ]] || hostname "$NET_HOSTNAME" || fail "cannot set the host name $NET_HOSTNAME"
 setup_rxe >"$R/setup.log" 2>&1 || fail "rxe0 setup failed: $(tail -n 3 "$R/setup.log" | tr '\n' ' ')"
 
 source "$R/cmd.sh"   # CMD=(...), CWD=...
@@ -267,7 +307,7 @@ write_prefetch_list() {
   {
     printf '%s\n' "${bins[@]}"
     ldd "${bins[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'
-    modprobe -S "$KVER" -a --show-depends rdma_rxe dummy crc32_generic 2>/dev/null |
+    modprobe -S "$KVER" -a --show-depends rdma_rxe dummy virtio_net crc32_generic 2>/dev/null |
       awk '$1 == "insmod" { print $2 }'
     ls -d /lib/modules/"$KVER"/modules.*.bin /etc/modprobe.d/* /etc/libibverbs.d/* \
       /usr/lib/x86_64-linux-gnu/libibverbs.so.1* /usr/lib/x86_64-linux-gnu/libibverbs/librxe* \
@@ -361,6 +401,7 @@ write_env() {
 }
 write_env >"$R/env.sh"
 printf '%s\n' "$GUEST_STAGE2" >"$R/guest.sh"
+printf 'NET_IP=%q\nNET_HOSTNAME=%q\n' "$NET_IP" "${SOFTROCE_VM_HOSTNAME:-}" >"$R/net.sh"
 
 # Host dirs the guest may write to (everything else is a discarded overlay). These are
 # the places a Bazel test writes results: TEST_TMPDIR, test.xml's dir, undeclared outputs.
@@ -441,7 +482,7 @@ cat <"$R/err.fifo" >&2 & ERR_PID=$!; PIDS+=($ERR_PID)
 
 qemu_args=(
   -name rdmalloc-vm -machine pc "${accel_args[@]}" -m "${SOFTROCE_VM_MEM:-2G}" -smp "$smp"
-  -nodefaults -no-user-config -display none -no-reboot -nic none
+  -nodefaults -no-user-config -display none -no-reboot
   -kernel "$CACHE/kernel" -initrd "$CACHE/initrd.gz"
   -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init ${SOFTROCE_VM_APPEND:-}"
   -chardev "file,id=con,path=$R/console.fifo" -serial chardev:con
@@ -453,6 +494,12 @@ qemu_args=(
   -virtfs "local,path=$R,mount_tag=results,security_model=none,multidevs=remap"
   "${shares[@]+"${shares[@]}"}"
 )
+if [[ -n $NET ]]; then
+  qemu_args+=(-netdev "socket,id=n0,${NET%%:*}=127.0.0.1:${NET#*:}"
+              -device "virtio-net-pci,netdev=n0,mac=$NET_MAC")
+else
+  qemu_args+=(-nic none)
+fi
 
 T0=${EPOCHREALTIME/[.,]/}
 # Warm the host page cache in parallel with the guest's kernel boot (see build_cache).
