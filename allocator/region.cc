@@ -25,10 +25,23 @@ inline uint64_t Bits(size_t b, size_t e) {
 
 }  // namespace
 
+// Two builds of CountSet, picked once at load time (an ifunc): without
+// -mpopcnt the builtin is a libgcc call. Not under ThreadSanitizer, whose
+// runtime is not up yet when the loader runs ifunc resolvers.
+#if defined(__SANITIZE_THREAD__)
+#define RDMALLOC_POPCNT_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RDMALLOC_POPCNT_CLONES
+#endif
+#endif
+#ifndef RDMALLOC_POPCNT_CLONES
+#define RDMALLOC_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
+#endif
+
 // Whole words in a tight loop: a 16 MiB extent is 64 words, counted and set
-// on every alloc and free. Two builds, picked once at load time (an ifunc):
-// without -mpopcnt the builtin is a libgcc call.
-__attribute__((target_clones("popcnt", "default")))
+// on every alloc and free.
+RDMALLOC_POPCNT_CLONES
 size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
   if (n == 0) return 0;
   size_t end = first + n, w = first / 64, last = (end - 1) / 64;
