@@ -104,9 +104,10 @@ void Heap::GiveBackRetained() {
   size_t used = store_.descriptors_used();
   for (size_t i = 0; i < used; i++) {
     Region* r = store_.descriptor(i);
-    if (!(r->seq.load() & 1) || r->registrations.load() != 0) continue;
+    uint64_t seq = r->seq.load();
+    if (!(seq & 1) || r->registrations.load() != 0) continue;
     r->reg_lock.Lock();
-    if (r->registrations.load() == 0) store_.PurgeFree(r);
+    if (r->registrations.load() == 0) store_.PurgeFree(r, seq);
     Unlock(r);
   }
 }

@@ -134,7 +134,9 @@ struct alignas(64) Region {
   std::atomic<int> mr_holds{0};
   std::atomic<bool> closing{false};
   // The region store's shard (its arena's) that made it and guards its pages.
-  uint8_t shard = 0;
+  // Atomic: a scan of every descriptor (Heap::GiveBackRetained) may read it
+  // while the descriptor is made anew; it then finds seq moved and stops.
+  std::atomic<uint8_t> shard{0};
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).

@@ -314,10 +314,11 @@ Region* RegionStore::TakeKept() {
   return nullptr;
 }
 
-size_t RegionStore::PurgeFree(Region* r) {
-  Shard& s = shards_[r->shard];
+size_t RegionStore::PurgeFree(Region* r, uint64_t seq) {
+  Shard& s = shards_[r->shard.load(std::memory_order_relaxed)];
   SpinLockGuard g(s.lock);
-  if (!(r->seq.load() & 1) || r->mr_holds.load() > 0) return 0;
+  // The same life of the descriptor, so also the shard just locked.
+  if (r->seq.load() != seq || !(seq & 1) || r->mr_holds.load() > 0) return 0;
   size_t purged = r->pages.PurgeDirtyFree([r](size_t first, size_t n) {
     return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
                    MADV_DONTNEED) == 0;

@@ -90,8 +90,9 @@ class RegionStore {
   // Any kept region, to release now (purge, trim), or nullptr.
   Region* TakeKept();
   // Purges r's free pages that are still resident; r->reg_lock held and r
-  // not registered. Returns the bytes purged.
-  size_t PurgeFree(Region* r);
+  // not registered. `seq` is r->seq as the caller found it live: if r was
+  // released and made anew since, nothing is purged. Returns the bytes purged.
+  size_t PurgeFree(Region* r, uint64_t seq);
   // Unmaps an empty region handed out by Give and recycles its descriptor.
   void Unmap(Region* r);
 
