@@ -513,26 +513,19 @@ def main():
             render(json.load(f), args.out)
         return
     global BIN
-    if args.only_mpi:
-        subprocess.run(["bazel", "build", "-c", "opt", "//examples/mpi:mpi_pingpong",
-                        "//allocator:librdmalloc.so"], cwd=ROOT, check=True)
+    # One section anew, into the saved results: (its target, its key, how to run it).
+    only = {"mpi": ("//examples/mpi:mpi_pingpong", lambda: mpi_vm(args.mpi_iters)),
+            "reg_mr": ("//benchmarks:reg_mr_benchmark", lambda: reg_mr_vm(args.min_time))}
+    section = "mpi" if args.only_mpi else "reg_mr" if args.only_reg_mr else None
+    if section is not None:
+        target, run_section = only[section]
+        subprocess.run(["bazel", "build", "-c", "opt", target, "//allocator:librdmalloc.so"],
+                       cwd=ROOT, check=True)
         BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
         with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
             res = json.load(f)
-        res["mpi"] = mpi_vm(args.mpi_iters)
-        res["mpi_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
-        save(res, args.out)
-        render(res, args.out)
-        print(f"wrote {args.out}")
-        return
-    if args.only_reg_mr:
-        subprocess.run(["bazel", "build", "-c", "opt", "//benchmarks:reg_mr_benchmark",
-                        "//allocator:librdmalloc.so"], cwd=ROOT, check=True)
-        BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
-        with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
-            res = json.load(f)
-        res["reg_mr"] = reg_mr_vm(args.min_time)
-        res["reg_mr_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
+        res[section] = run_section()
+        res[section + "_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
         save(res, args.out)
         render(res, args.out)
         print(f"wrote {args.out}")
