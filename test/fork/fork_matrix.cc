@@ -1183,12 +1183,26 @@ void* WatchdogMain(void*) {
         kill(c, SIGKILL);
       }
     } else if (phase != kSetup && in_phase > fork_limit) {
+      // A worker inside one operation since before the main thread's phase
+      // began is what the main thread waits on (its check or join needs the
+      // worker, its fork needs the worker's locks): blame the worker,
+      // whichever limit ran out first.
+      for (int i = 0; i < g_nworkers; i++) {
+        Worker& w = g_workers[i];
+        int op = w.op.load(std::memory_order_acquire);
+        int64_t busy = now - w.heartbeat_ns.load(std::memory_order_relaxed);
+        if (op == kOpDone || op == kOpIdle || busy < in_phase) continue;
+        Line d;
+        d << "worker " << w.name << " stuck in " << kOpNames[op];
+        d.buf[d.n] = '\0';
+        WatchdogHang(d.buf, busy);
+      }
       WatchdogHang(nullptr, in_phase);
     }
     if (now > deadline)
       WatchdogHang("deadline passed", now - g_start_ns);  // a slow run, not a stuck one
     // Every worker must keep finishing operations (one op never takes seconds).
-    if (phase != kSetup && phase != kJoining) {
+    if (phase != kSetup) {
       for (int i = 0; i < g_nworkers; i++) {
         Worker& w = g_workers[i];
         int op = w.op.load(std::memory_order_acquire);
