@@ -10,9 +10,18 @@
 using rdmalloc::EnsureInitialised;
 using rdmalloc::TheHeap;
 
+namespace {
+__attribute__((noinline)) int LookupBeforeStart(const void* addr, size_t len, ibv_pd* pd,
+                                                rdmalloc_keys* out) {
+  EnsureInitialised();
+  return TheHeap().Lookup(addr, len, pd, out);
+}
+}  // namespace
+
+// Only tail calls leave the hit path, which then needs no frame.
 RDMALLOC_EXPORT int rdmalloc_lookup(const void* addr, size_t len, struct ibv_pd* pd,
                                     struct rdmalloc_keys* out) {
-  EnsureInitialised();
+  if (__builtin_expect(!rdmalloc::Initialised(), 0)) return LookupBeforeStart(addr, len, pd, out);
   return TheHeap().Lookup(addr, len, pd, out);
 }
 

@@ -40,7 +40,7 @@ struct Config {
   BackendChoice backend = BackendChoice::kAuto;
   char device[64] = {};
   char verbs_library[256] = {};  // libibverbs to load; empty: libibverbs.so.1
-  size_t region_size = size_t{32} << 20;  // growth limit of a shared region
+  size_t region_size = size_t{64} << 20;  // growth limit of a shared region
   RegisterMode register_mode = RegisterMode::kLazy;
   int access = kDefaultAccess;  // of the default domain
   size_t max_pinned = kNoPinLimit;  // bytes registered, summed over domains

@@ -62,7 +62,7 @@ TEST_F(ConfigTest, EmptyEnvironmentGivesDefaultsSilently) {
   ExpectSameConfig(c, Config{});
   EXPECT_EQ(c.backend, BackendChoice::kAuto);
   EXPECT_EQ(c.device[0], '\0');
-  EXPECT_EQ(c.region_size, 32 * kM);
+  EXPECT_EQ(c.region_size, 64 * kM);
   EXPECT_EQ(c.register_mode, RegisterMode::kLazy);
   EXPECT_EQ(c.stats, StatsMode::kOff);
   EXPECT_EQ(c.stats_file[0], '\0');
@@ -101,7 +101,7 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_DEVICE", "x", device);
   add("RDMALLOC_DEVICE", std::string(63, 'd'), device);  // longest that fits
   add("RDMALLOC_REGION_SIZE", "2M", [](Config* c, const std::string&) { c->region_size = 2 * kM; });
-  add("RDMALLOC_REGION_SIZE", "64M", [](Config* c, const std::string&) { c->region_size = 64 * kM; });
+  add("RDMALLOC_REGION_SIZE", "128M", [](Config* c, const std::string&) { c->region_size = 128 * kM; });
   add("RDMALLOC_REGION_SIZE", "1g", [](Config* c, const std::string&) { c->region_size = kG; });
   add("RDMALLOC_REGION_SIZE", "64G", [](Config* c, const std::string&) { c->region_size = 64 * kG; });
   add("RDMALLOC_REGION_SIZE", "2048KB", [](Config* c, const std::string&) { c->region_size = 2 * kM; });
@@ -188,17 +188,17 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_BACKEND", "verb", "auto"},
       {"RDMALLOC_DEVICE", "", "the first device"},
       {"RDMALLOC_DEVICE", std::string(64, 'd'), "the first device"},  // no room for the NUL
-      {"RDMALLOC_REGION_SIZE", "", "32M"},
-      {"RDMALLOC_REGION_SIZE", "abc", "32M"},
-      {"RDMALLOC_REGION_SIZE", "-64M", "32M"},
-      {"RDMALLOC_REGION_SIZE", "0", "32M"},
-      {"RDMALLOC_REGION_SIZE", "1M", "32M"},          // below the minimum
-      {"RDMALLOC_REGION_SIZE", "2097151", "32M"},     // one byte below the minimum
-      {"RDMALLOC_REGION_SIZE", "65G", "32M"},         // above the maximum
-      {"RDMALLOC_REGION_SIZE", "68719476737", "32M"}, // one byte above the maximum
-      {"RDMALLOC_REGION_SIZE", "64T", "32M"},
-      {"RDMALLOC_REGION_SIZE", "64 M", "32M"},
-      {"RDMALLOC_REGION_SIZE", "99999999999999999999999", "32M"},  // overflows
+      {"RDMALLOC_REGION_SIZE", "", "64M"},
+      {"RDMALLOC_REGION_SIZE", "abc", "64M"},
+      {"RDMALLOC_REGION_SIZE", "-64M", "64M"},
+      {"RDMALLOC_REGION_SIZE", "0", "64M"},
+      {"RDMALLOC_REGION_SIZE", "1M", "64M"},          // below the minimum
+      {"RDMALLOC_REGION_SIZE", "2097151", "64M"},     // one byte below the minimum
+      {"RDMALLOC_REGION_SIZE", "65G", "64M"},         // above the maximum
+      {"RDMALLOC_REGION_SIZE", "68719476737", "64M"}, // one byte above the maximum
+      {"RDMALLOC_REGION_SIZE", "64T", "64M"},
+      {"RDMALLOC_REGION_SIZE", "64 M", "64M"},
+      {"RDMALLOC_REGION_SIZE", "99999999999999999999999", "64M"},  // overflows
       {"RDMALLOC_REGISTER", "", "lazy"},
       {"RDMALLOC_REGISTER", "Lazy", "lazy"},
       {"RDMALLOC_REGISTER", "now", "lazy"},
@@ -293,7 +293,7 @@ TEST_F(ConfigTest, MixedGoodAndBad) {
   Config c = Parse();
   EXPECT_EQ(c.backend, BackendChoice::kVerbs);
   EXPECT_STREQ(c.device, "");
-  EXPECT_EQ(c.region_size, 32 * kM);
+  EXPECT_EQ(c.region_size, 64 * kM);
   EXPECT_EQ(c.register_mode, RegisterMode::kLazy) << "eager contradicts verbs";
   EXPECT_EQ(c.stats, StatsMode::kText) << "a bad RDMALLOC_STATS, but a report file asked for";
   EXPECT_STREQ(c.stats_file, "/tmp/s");
@@ -473,7 +473,7 @@ TEST_F(ConfigTest, WarningTextsOfAnEmptyValue) {
       {"RDMALLOC_BACKEND", "(accepted: auto|verbs|uring|none); using auto"},
       {"RDMALLOC_DEVICE", "(accepted: a device name of 1 to 63 characters); using the first device"},
       {"RDMALLOC_VERBS_LIBRARY", "(accepted: a path of 1 to 255 characters); using libibverbs.so.1"},
-      {"RDMALLOC_REGION_SIZE", "(accepted: a size from 2M to 64G, suffix K/M/G); using 32M"},
+      {"RDMALLOC_REGION_SIZE", "(accepted: a size from 2M to 64G, suffix K/M/G); using 64M"},
       {"RDMALLOC_REGISTER", "(accepted: lazy|eager); using lazy"},
       {"RDMALLOC_ACCESS",
        "(accepted: a comma list of "

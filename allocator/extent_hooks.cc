@@ -191,9 +191,25 @@ bool rdmj_base_boot(void* tsdn) {
 // Applied after MALLOC_CONF, so the user cannot undo what the design needs:
 // retain:false makes jemalloc give every unused extent back through dalloc
 // (rdmalloc's heap then does the retaining, registration-aware);
-// oversize_threshold:0 keeps huge allocations out of the lazily created
-// huge arena, which would get jemalloc's default hooks.
+// oversize_threshold:0 means no huge arena: a huge block is served by the
+// thread's own arena, so threads do not meet on one arena and one shard.
 extern "C" {
 __attribute__((visibility("hidden"))) extern const char* malloc_conf_2_conf_harder;
 const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
+
+// jemalloc's per-arena eager-return size, which an arena takes when it is
+// made. Arena 0, made at boot, gets 8 MiB; jemalloc then sets it past every
+// size when there is no huge arena, so every later arena kept freed blocks of
+// any size for its whole decay time (10 s), outside rdmalloc's retention
+// bound: two threads looping over large blocks held 1.6x jemalloc's RSS.
+extern __attribute__((visibility("hidden"))) size_t je_oversize_threshold;
 }
+
+namespace rdmalloc {
+
+void ReturnLargeExtentsAtOnce() {
+  rdmj_free(rdmj_malloc(1));  // jemalloc booted: the value below is not overwritten
+  __atomic_store_n(&je_oversize_threshold, kLargeReturnedAtOnce, __ATOMIC_RELAXED);
+}
+
+}  // namespace rdmalloc

@@ -77,18 +77,24 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
 void Heap::FreeExtent(Region* r, void* addr, size_t size) {
   // Freed pages stay resident for reuse while what rdmalloc keeps stays
   // within RDMALLOC_RETAIN. Past it, an unregistered region that no memory
-  // registration of the program's holds gives them back
-  // to the OS as jemalloc would: under reg_lock, so no registration can pin
-  // them meanwhile (if the lock is busy, a registration is under way and the
-  // pages simply stay). With observers nothing is purged: another cache may
-  // have registered the pages itself, and it only hears of whole regions
-  // (see AddObserver).
+  // registration of the program's holds gives the excess back to the OS as
+  // jemalloc would: the extent's tail, so that what the bound allows stays
+  // resident (a loop over large blocks reuses it without page faults). Under
+  // reg_lock, so no registration can pin them meanwhile (if the lock is
+  // busy, a registration is under way and the pages simply stay). With
+  // observers nothing is purged: another cache may have registered the pages
+  // itself, and it only hears of whole regions (see AddObserver).
   unsigned shard = store_.EnterFree(r);
-  bool purged = false;
-  if (!release_.observed() && r->registrations.load() == 0 && store_.OverRetain(size) &&
+  size_t purged = 0;
+  size_t excess = store_.ExcessOverRetain(size);
+  if (excess != 0 && !release_.observed() && r->registrations.load() == 0 &&
       r->reg_lock.TryLock()) {
-    if (r->registrations.load() == 0 && r->mr_holds.load() == 0)
-      purged = madvise(addr, size, MADV_DONTNEED) == 0;
+    if (r->registrations.load() == 0 && r->mr_holds.load() == 0) {
+      size_t tail = (excess + kPageSize - 1) & ~(kPageSize - 1);
+      if (tail > size) tail = size;
+      if (madvise(static_cast<char*>(addr) + (size - tail), tail, MADV_DONTNEED) == 0)
+        purged = tail;
+    }
     Unlock(r);
   }
   if (store_.Give(r, addr, size, purged) == RegionStore::Gave::kEmpty) Release(r);
@@ -191,6 +197,11 @@ void Heap::RegisterAllLive(int d) {
       regs_.Register(r, d);
     Unlock(r);
   }
+}
+
+int Heap::LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
+  AssignStripe();
+  return Lookup(addr, len, pd, out);
 }
 
 int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {

@@ -141,6 +141,8 @@ class Heap {
   }
 
   __attribute__((noinline)) int LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  __attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
+                                                    rdmalloc_keys* out);
   inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
                        uint32_t shift, void* handle, int access, rdmalloc_keys* out) const;
   int EnsureBackend() { return regs_.EnsureBackend(); }
@@ -200,8 +202,13 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
   out->access = access;
 }
 
-inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
-  Stripe& st = MyStripe();
+// The hit path is a leaf: no call but tail calls, so it saves no registers
+// and builds no frame (a thread's first lookup and every miss go elsewhere).
+__attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd,
+                                                       rdmalloc_keys* out) {
+  unsigned stripe = t_stripe;
+  if (__builtin_expect(stripe == ~0u, 0)) return LookupFirstOnThread(addr, len, pd, out);
+  Stripe& st = stripes_[stripe];
   Bump(st.lookups);
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   if (out == nullptr || len > UINTPTR_MAX - a) return Fail(RDMALLOC_EINVAL, st.einval);

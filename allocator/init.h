@@ -15,6 +15,12 @@ extern std::atomic<int> g_init_state;
 
 void EnsureInitialisedSlow();
 
+// Started, and not a fork child that has yet to restart.
+inline bool Initialised() {
+  witness::CallingJemalloc();
+  return g_init_state.load(std::memory_order_acquire) == kReady;
+}
+
 // The check every malloc pays: one load of a flag that changes only at
 // start-up and in a fork child.
 inline void EnsureInitialised() {

@@ -3,6 +3,8 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+
 namespace rdmalloc {
 namespace {
 
@@ -135,8 +137,12 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
     size_t next = s.next_region_bytes[access_class];
     grow = next < region_size_ ? next : region_size_;
   }
+  // A shared region has room for the request and as much again, up to the
+  // largest shared region: one made just big enough for a large block holds
+  // nothing else, and once that block is freed fits no larger one, so a loop
+  // over large blocks would spread them over many half-used regions.
   size_t bytes = RoundUp(size, kChunkSize);
-  if (bytes < grow) bytes = grow;
+  if (size <= region_size_) bytes = std::min(region_size_, std::max(grow, 2 * bytes));
   size_t align = alignment > kChunkSize ? alignment : kChunkSize;
   void* mem = MapAligned(bytes, align);
   if (mem == nullptr) return nullptr;
@@ -227,13 +233,15 @@ bool RegionStore::ClaimLocked(Region* r) {
   return false;
 }
 
-RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, bool purged) {
+RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t purged_bytes) {
   size_t first = (reinterpret_cast<uintptr_t>(addr) - r->begin()) >> kPageShift;
   size_t n = size >> kPageShift;
+  size_t purged = purged_bytes >> kPageShift;
   Shard& s = shards_[r->shard];
   LockShard(s);
-  r->pages.Give(first, n, purged);
-  if (!purged) retained_pages_.fetch_add(n, std::memory_order_relaxed);
+  if (purged < n) r->pages.Give(first, n - purged, false);
+  if (purged > 0) r->pages.Give(first + n - purged, purged, true);
+  retained_pages_.fetch_add(n - purged, std::memory_order_relaxed);
   s.pages_in_use.fetch_sub(n, std::memory_order_relaxed);
   Gave gave = Gave::kInUse;
   if (r->pages.used_pages() == 0) {

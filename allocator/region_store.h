@@ -60,13 +60,13 @@ class RegionStore {
   // False if none can be had.
   bool Carve(unsigned arena, unsigned access_class, void* new_addr, size_t size,
              size_t alignment, Extent* out);
-  // Pages come back; `purged` ones read as zero again. kEmpty: the region
+  // Pages come back; the last `purged_bytes` of them read as zero again. kEmpty: the region
   // became empty and is out of the list and the map (its seq is even, lookups
   // fail); it belongs to the caller, who releases it. kKept: it became empty
   // and is kept for reuse (RDMALLOC_RETAIN), or because memory registrations
   // hold it.
   enum class Gave { kInUse, kKept, kEmpty };
-  Gave Give(Region* r, void* addr, size_t size, bool purged);
+  Gave Give(Region* r, void* addr, size_t size, size_t purged_bytes);
 
   // Holds of the program's memory registrations (Region::mr_holds). Hold
   // fails if r is no longer live. Drop returns kEmpty if r, empty and past
@@ -84,6 +84,11 @@ class RegionStore {
   uint64_t retained_bytes() const { return retained_pages_.load(std::memory_order_relaxed) << kPageShift; }
   // Would `extra` more free bytes left resident pass the bound?
   bool OverRetain(size_t extra) const { return retained_bytes() + extra > retain_; }
+  // How far `extra` more free bytes left resident would pass the bound.
+  size_t ExcessOverRetain(size_t extra) const {
+    uint64_t after = retained_bytes() + extra;
+    return after > retain_ ? static_cast<size_t>(after - retain_) : 0;
+  }
   // A kept region of `shard` to release while retention is over its bound
   // (then out of list and map, as for kEmpty), or nullptr.
   Region* ShedKept(unsigned shard);
@@ -151,7 +156,7 @@ class RegionStore {
   Region* TakeDescriptor();
   void Recycle(Region* r);
 
-  size_t region_size_ = size_t{32} << 20;
+  size_t region_size_ = size_t{64} << 20;
   size_t retain_ = size_t{64} << 20;
   std::atomic<uint64_t> retained_pages_{0};
   RegionMap map_;

@@ -1,5 +1,6 @@
 #include "allocator/region.h"
 #include "allocator/region_map.h"
+#include "allocator/region_store.h"
 
 #include <gtest/gtest.h>
 
@@ -444,6 +445,60 @@ TEST_F(RegionMapTest, ClearOfUnmappedLeafIsHarmless) {
   EXPECT_EQ(map_->Find(1000 * kLeafSpan), nullptr);
   ASSERT_TRUE(map_->Set(1000 * kLeafSpan, kChunkSize, &a_));
   EXPECT_EQ(map_->Find(1000 * kLeafSpan), &a_);
+}
+
+}  // namespace
+}  // namespace rdmalloc
+
+namespace rdmalloc {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Large: the pool of descriptors alone is megabytes.
+RegionStore g_store;
+
+// A shared region has room for twice the request that makes it (up to the
+// largest shared region): a second large block of that size fits beside the
+// first. Regions used to be made just big enough for the first one, so every
+// large block of a loop ended up in a half-used region of its own.
+TEST(RegionStoreTest, ANewSharedRegionHoldsTwiceItsFirstRequest) {
+  g_store.set_region_size(64 * kMiB);
+  RegionStore::Extent a, b, c;
+  ASSERT_TRUE(g_store.Carve(/*arena=*/7, 0, nullptr, 20 * kMiB, 4096, &a));
+  EXPECT_TRUE(a.fresh);
+  EXPECT_GE(a.region->length(), 40 * kMiB);
+  EXPECT_LE(a.region->length(), 64 * kMiB);
+  ASSERT_TRUE(g_store.Carve(7, 0, nullptr, 20 * kMiB, 4096, &b));
+  EXPECT_FALSE(b.fresh) << "a second region for a block that fits beside the first";
+  EXPECT_EQ(b.region, a.region);
+  // Beyond half the largest shared region, the region is the largest shared one.
+  ASSERT_TRUE(g_store.Carve(8, 0, nullptr, 40 * kMiB, 4096, &c));
+  EXPECT_EQ(c.region->length(), 64 * kMiB);
+  EXPECT_FALSE(c.region->dedicated);
+  EXPECT_EQ(g_store.Give(a.region, a.addr, 20 * kMiB, 0), RegionStore::Gave::kInUse);
+  EXPECT_EQ(g_store.Give(b.region, b.addr, 20 * kMiB, 0), RegionStore::Gave::kKept);
+  EXPECT_EQ(g_store.Give(c.region, c.addr, 40 * kMiB, 0), RegionStore::Gave::kEmpty)
+      << "past RDMALLOC_RETAIN, an empty region goes";
+  g_store.Unmap(c.region);
+}
+
+// Give's purged bytes are the extent's tail: the rest stays resident and
+// counts against the retention bound.
+TEST(RegionStoreTest, PurgedBytesAreTheTailOfTheExtent) {
+  g_store.set_region_size(64 * kMiB);
+  RegionStore::Extent e;
+  ASSERT_TRUE(g_store.Carve(9, 0, nullptr, 8 * kMiB, 4096, &e));
+  uint64_t retained = g_store.retained_bytes();
+  EXPECT_EQ(g_store.Give(e.region, e.addr, 8 * kMiB, 3 * kMiB), RegionStore::Gave::kKept);
+  EXPECT_EQ(g_store.retained_bytes(), retained + 5 * kMiB);
+  RegionStore::Extent head;
+  ASSERT_TRUE(g_store.Carve(9, 0, e.addr, 5 * kMiB, 4096, &head));
+  EXPECT_TRUE(head.dirty) << "the head was not kept resident";
+  RegionStore::Extent tail;
+  void* tail_addr = static_cast<char*>(e.addr) + 5 * kMiB;
+  ASSERT_TRUE(g_store.Carve(9, 0, tail_addr, 3 * kMiB, 4096, &tail));
+  EXPECT_FALSE(tail.dirty) << "the purged tail does not read as zero";
 }
 
 }  // namespace

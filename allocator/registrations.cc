@@ -107,15 +107,6 @@ const char* Registrations::DeviceDescription() {
   return registrar_->device_name();
 }
 
-int Registrations::DomainIndexSlow(ibv_pd* pd) const {
-  for (int i = 1; i < kMaxDomains; i++) {
-    if (domains_[i].pd.load(std::memory_order_acquire) == pd &&
-        domains_[i].state.load(std::memory_order_acquire) == DomainSlot::kOpen)
-      return i;
-  }
-  return -1;
-}
-
 int Registrations::AddDomain(ibv_pd* pd, int access, int* slot) {
   if (pd == nullptr || (access & ~kKnownAccess) != 0) return RDMALLOC_EINVAL;
   if (registrar_ == nullptr) {

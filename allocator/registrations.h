@@ -61,7 +61,16 @@ class Registrations {
   // under a domain not added yet, with `plain_access` for the plain heap.
   int RegionAccess(const Region* r, int d, int plain_access = 0) const;
   // Domains. 0 is the default domain (pd NULL); -1: unknown pd.
-  int DomainIndex(ibv_pd* pd) const { return pd == nullptr ? 0 : DomainIndexSlow(pd); }
+  // Inline and without calls: the lookup's hit path runs it.
+  int DomainIndex(ibv_pd* pd) const {
+    if (pd == nullptr) return 0;
+    for (int i = 1; i < kMaxDomains; i++) {
+      if (domains_[i].pd.load(std::memory_order_acquire) == pd &&
+          domains_[i].state.load(std::memory_order_acquire) == DomainSlot::kOpen)
+        return i;
+    }
+    return -1;
+  }
   bool open(int d) const { return domains_[d].state.load() == DomainSlot::kOpen; }
   // Adds pd with `access` for the plain heap: RDMALLOC_OK and its index in
   // *slot, or an RDMALLOC_E* code (errno set).
@@ -106,8 +115,6 @@ class Registrations {
     }
   };
   enum class Kind { kVerbs, kUring, kNone };
-
-  int DomainIndexSlow(ibv_pd* pd) const;
 
   Config config_;
   bool eager_ = false;

@@ -315,7 +315,7 @@ TEST(GlibcCompat, MallocTrimDoesNotWaitForReleaseCallbacks) {
   // release thread, after the callback: malloc_trim must not wait for it.
   SlowObserver observer;
   ASSERT_EQ(rdmalloc_on_release(SlowObserver::Callback, &observer), RDMALLOC_OK);
-  void* big = malloc(40 * kMiB);  // above RDMALLOC_REGION_SIZE: a region of its own
+  void* big = malloc(72 * kMiB);  // above RDMALLOC_REGION_SIZE: a region of its own
   ASSERT_NE(big, nullptr);
   free(big);  // kept by jemalloc (RDMALLOC_DECAY_MS=-1)
   double t0 = NowSeconds();

@@ -207,7 +207,7 @@ TEST_F(Interpose, EverythingElseIsForwarded) {
 
   // A range over a region's end, into memory of the program's own mapped
   // right after it (a buffer larger than a region has a region of its own).
-  size_t big_len = 40u << 20;
+  size_t big_len = 72u << 20;
   char* big = static_cast<char*>(malloc(big_len));
   char* end = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(big + big_len) & ~uintptr_t{4095});
   while (rdmalloc_owns(end, 1)) end += 4096;  // jemalloc's extent may run past the buffer

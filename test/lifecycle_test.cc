@@ -2,6 +2,7 @@
 // any of them, are deregistered and unmapped once all of it comes back, and
 // domains and fork behave.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "test/page_oracle.h"
@@ -229,13 +231,13 @@ TEST(Eager, NewRegionsAreRegisteredBeforeAnyLookup) {
     EXPECT_EQ(RerunSelf("Eager.NewRegionsAreRegisteredBeforeAnyLookup", {"RDMALLOC_REGISTER=eager"}), 0);
     return;
   }
-  void* p = malloc(size_t{40} << 20);  // a region of its own
+  void* p = malloc(size_t{72} << 20);  // a region of its own
   struct rdmalloc_stats s = Stats();
-  EXPECT_GE(s.bytes_registered, uint64_t{40} << 20);
+  EXPECT_GE(s.bytes_registered, uint64_t{72} << 20);
   rdmalloc_keys k;
-  ASSERT_EQ(rdmalloc_lookup(p, size_t{40} << 20, nullptr, &k), RDMALLOC_OK);
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{72} << 20, nullptr, &k), RDMALLOC_OK);
   EXPECT_EQ(Stats().lookup_slow, s.lookup_slow);
-  EXPECT_TRUE(CheckPageIdentity(p, size_t{40} << 20, 0, 1 << 20, 8).ok);
+  EXPECT_TRUE(CheckPageIdentity(p, size_t{72} << 20, 0, 1 << 20, 8).ok);
   free(p);
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
@@ -252,11 +254,11 @@ namespace {
 TEST(Cap, RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks) {
   if (!IsRerunChild()) {
     EXPECT_EQ(RerunSelf("Cap.RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks",
-                        {"RDMALLOC_MAX_PINNED=48M"}),
+                        {"RDMALLOC_MAX_PINNED=100M"}),
               0);
     return;
   }
-  const size_t n = size_t{40} << 20;  // larger than a shared region: its own
+  const size_t n = size_t{72} << 20;  // larger than a shared region: its own
   auto* a = static_cast<uint8_t*>(malloc(n));
   auto* b = static_cast<uint8_t*>(malloc(n));
   ASSERT_NE(a, nullptr);
@@ -270,8 +272,8 @@ TEST(Cap, RegistrationBeyondMaxPinnedFailsAllocationSucceedsRetryWorks) {
   EXPECT_EQ(errno, ENOMEM);
   struct rdmalloc_stats s = Stats();
   EXPECT_GE(s.cap_hits, 1u);
-  EXPECT_EQ(s.max_pinned, uint64_t{48} << 20);
-  EXPECT_LE(s.bytes_registered, uint64_t{48} << 20);
+  EXPECT_EQ(s.max_pinned, uint64_t{100} << 20);
+  EXPECT_LE(s.bytes_registered, uint64_t{100} << 20);
   free(a);
   ForceDecay();
   ASSERT_EQ(rdmalloc_lookup(b, n, nullptr, &k), RDMALLOC_OK) << "retry once there is room";
@@ -293,7 +295,7 @@ TEST(Decay, ZeroDecayReleasesAtOnce) {
   size_t len = sizeof decay;
   ASSERT_EQ(mallctl("arena.0.dirty_decay_ms", &decay, &len, nullptr, 0), 0);
   EXPECT_EQ(decay, 0);
-  const size_t n = size_t{40} << 20;
+  const size_t n = size_t{72} << 20;  // a region of its own
   void* p = malloc(n);
   rdmalloc_keys k;
   ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
@@ -309,11 +311,11 @@ TEST(Decay, ZeroDecayReleasesAtOnce) {
 TEST(Retain, AnEmptyRegionIsKeptReusedAndGivenBackByPurge) {
   if (!IsRerunChild()) {
     EXPECT_EQ(RerunSelf("Retain.AnEmptyRegionIsKeptReusedAndGivenBackByPurge",
-                        {"RDMALLOC_DECAY_MS=0", "RDMALLOC_RETAIN=64M"}),
+                        {"RDMALLOC_DECAY_MS=0", "RDMALLOC_RETAIN=128M"}),
               0);
     return;
   }
-  const size_t n = size_t{40} << 20;  // > RDMALLOC_REGION_SIZE: a region of its own
+  const size_t n = size_t{72} << 20;  // > RDMALLOC_REGION_SIZE: a region of its own
   void* p = malloc(n);
   memset(p, 7, n);
   rdmalloc_keys k;
@@ -339,6 +341,64 @@ TEST(Retain, AnEmptyRegionIsKeptReusedAndGivenBackByPurge) {
   EXPECT_EQ(purged.bytes_registered + k.region_len, before.bytes_registered);
   EXPECT_LT(purged.bytes_retained, n);
   exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// Past RDMALLOC_RETAIN only the excess is purged: a freed block keeps as much
+// of itself resident as the bound allows (its head), so a loop over large
+// blocks reuses those pages instead of faulting them in again. The whole
+// block used to be purged, leaving nothing of it resident.
+TEST(Retain, PastTheBoundOnlyTheExcessIsPurged) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Retain.PastTheBoundOnlyTheExcessIsPurged",
+                        {"RDMALLOC_DECAY_MS=0", "RDMALLOC_RETAIN=8M"}),
+              0);
+    return;
+  }
+  const size_t n = size_t{24} << 20, page = 4096;
+  char* p = static_cast<char*>(malloc(n));  // never looked up: not registered, purgeable
+  ASSERT_NE(p, nullptr);
+  memset(p, 7, n);
+  uint64_t retained_before = Stats().bytes_retained;
+  ASSERT_LT(retained_before, uint64_t{8} << 20);
+  free(p);  // decay 0: straight back to rdmalloc, 24 MiB against an 8 MiB bound
+  uint64_t retained = Stats().bytes_retained;
+  EXPECT_LE(retained, uint64_t{8} << 20) << "kept past the bound";
+  EXPECT_GT(retained + page, uint64_t{8} << 20) << "purged more than the excess";
+  // jemalloc's extent starts at or before p (cache-oblivious offset): the
+  // head that stays is measured from p's page.
+  uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  std::vector<unsigned char> vec(n / page);
+  ASSERT_EQ(mincore(reinterpret_cast<void*>(first), n - page, vec.data()), 0);
+  size_t resident = 0;
+  for (size_t i = 0; i + 1 < vec.size(); i++) resident += vec[i] & 1;
+  size_t kept = (uint64_t{8} << 20) - retained_before;
+  EXPECT_GE(resident * page + 2 * page, kept) << "the bound's worth of the block is not resident";
+  EXPECT_LE(resident * page, kept + 2 * page) << "more than the bound stayed resident";
+  EXPECT_EQ(vec[vec.size() - 2] & 1, 0) << "the tail was not purged";
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// A large block freed in a thread's own arena comes back to rdmalloc's heap at
+// once, as in arena 0 (and in stock jemalloc, past 8 MiB): it counts against
+// RDMALLOC_RETAIN there. Every arena but arena 0 used to keep it in
+// jemalloc's dirty cache for its whole decay time (10 s), unbounded.
+TEST(Retain, LargeBlocksFreedInAnyArenaComeBackAtOnce) {
+  const size_t n = size_t{16} << 20;
+  unsigned arena = 0;
+  uint64_t in_use_before = 0, in_use_after = 0;
+  std::thread t([&] {
+    size_t len = sizeof arena;
+    mallctl("thread.arena", &arena, &len, nullptr, 0);
+    void* p = malloc(n);
+    memset(p, 1, n);
+    asm volatile("" : : "r"(p) : "memory");  // not optimised away with its free
+    in_use_before = Stats().bytes_in_use;
+    free(p);
+    in_use_after = Stats().bytes_in_use;
+  });
+  t.join();
+  EXPECT_NE(arena, 0u) << "the thread was meant to have an arena of its own";
+  EXPECT_GE(in_use_before, in_use_after + n) << "arena " << arena << " kept the freed block";
 }
 
 TEST(Debug, DumpRegionsListsEveryLiveRegion) {
@@ -383,8 +443,8 @@ TEST(Lazy, OpeningTheBackendRegistersNothing) {
     EXPECT_EQ(RerunSelf("Lazy.OpeningTheBackendRegistersNothing", {"RDMALLOC_REGISTER=lazy"}), 0);
     return;
   }
-  void* p = malloc(size_t{40} << 20);  // a region of its own, before the backend opens
-  memset(p, 1, size_t{40} << 20);
+  void* p = malloc(size_t{72} << 20);  // a region of its own, before the backend opens
+  memset(p, 1, size_t{72} << 20);
   long pin0 = VmPinKb();
   ASSERT_STRNE(rdmalloc_backend(), "none");
   struct rdmalloc_stats s = Stats();
@@ -393,7 +453,7 @@ TEST(Lazy, OpeningTheBackendRegistersNothing) {
   EXPECT_EQ(s.bytes_registered, 0u);
   EXPECT_EQ(VmPinKb(), pin0);
   rdmalloc_keys k;
-  ASSERT_EQ(rdmalloc_lookup(p, size_t{40} << 20, nullptr, &k), RDMALLOC_OK);
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{72} << 20, nullptr, &k), RDMALLOC_OK);
   EXPECT_EQ(Stats().reg_calls, 1u);
   free(p);
   exit(::testing::Test::HasFailure() ? 1 : 0);

@@ -26,7 +26,7 @@ namespace {
 const bool g_installed = (InstallFaultInjection(), true);
 
 constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kDedicated = 40 * kMiB;  // larger than a shared region: a fresh region of its own
+constexpr size_t kDedicated = 72 * kMiB;  // larger than a shared region: a fresh region of its own
 
 bool KeysCover(const rdmalloc_keys& k, const void* p, size_t n) {
   auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(k.region_base);

@@ -39,9 +39,9 @@ bool Eventually(F done, int ms = 5000) {
   return done();
 }
 
-// Larger than any shared region (RDMALLOC_REGION_SIZE, 32 MiB by default):
+// Larger than any shared region (RDMALLOC_REGION_SIZE, 64 MiB by default):
 // gets a dedicated region, released as a whole when freed and decayed.
-constexpr size_t kBig = size_t{40} << 20;
+constexpr size_t kBig = size_t{72} << 20;
 
 // A malloc whose result is never used may be optimised away with its free.
 void* MallocUsed(size_t n, int fill) {

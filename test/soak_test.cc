@@ -212,7 +212,7 @@ int ChildWorkload(Buf& held) {
 }
 
 TEST(Soak, MillionOperationsWithDecayForkAndDomainChurn) {
-  ASSERT_EQ(getenv("RDMALLOC_REGION_SIZE"), nullptr) << "the bound below assumes 32 MiB regions";
+  ASSERT_EQ(getenv("RDMALLOC_REGION_SIZE"), nullptr) << "the bound below assumes 64 MiB regions";
   Counters c;
   std::atomic<bool> stop{false};
   std::vector<Buf> live_set;
@@ -282,13 +282,13 @@ TEST(Soak, MillionOperationsWithDecayForkAndDomainChurn) {
   size_t len = sizeof narenas;
   ASSERT_EQ(mallctl("arenas.narenas", &narenas, &len, nullptr, 0), 0);
   // rdmalloc's default region size (RDMALLOC_REGION_SIZE is not set here).
-  const uint64_t region = uint64_t{32} << 20;
+  const uint64_t region = uint64_t{64} << 20;
   const uint64_t bound = live_bytes + narenas * region;
   long pin_kb = VmPinKbWhen([](long kb, long want) { return kb <= want; }, long(bound >> 10));
   printf("soak: %.0f s, %llu operations (%llu lookups, %llu page-identity checks) across %d "
          "threads, %llu forks (%llu failed), %llu decays, %llu pd adds/removes, %llu mismatches; "
          "at the end: live set %zu buffers %.1f MiB, pinned %.1f MiB (stats bytes_pinned), "
-         "VmPin %.1f MiB, bound %.1f MiB = live + %u arenas x 32 MiB; regions made %llu, "
+         "VmPin %.1f MiB, bound %.1f MiB = live + %u arenas x 64 MiB; regions made %llu, "
          "released %llu, live %llu\n",
          elapsed, (unsigned long long)c.ops.load(), (unsigned long long)c.lookups.load(),
          (unsigned long long)c.oracle_checks.load(), kWorkers, (unsigned long long)c.forks.load(),

@@ -37,9 +37,9 @@ TEST(Stress, AllocLookupDmaWithDomainChurnAndDecay) {
     while (!stop.load(std::memory_order_relaxed)) {
       int what = std::uniform_int_distribution<int>(0, 9)(rng);
       if (what < 4 || live.empty()) {
-        // Mostly small; now and then a dedicated region (> 32 MiB).
+        // Mostly small; now and then a dedicated region (> 64 MiB).
         size_t n = what == 0 && rng() % 16 == 0
-                       ? size_t{36} << 20
+                       ? size_t{68} << 20
                        : size_t{1} << std::uniform_int_distribution<int>(3, 21)(rng);
         auto* p = static_cast<uint8_t*>(malloc(n));
         p[0] = 1;

@@ -30,7 +30,7 @@ TEST(VerbsHeap, RegistersThroughVerbsAndDeregistersOutsideHooks) {
     for (int i = 0; i < 1500; i++) {
       // Now and then a buffer larger than a region: a region of its own,
       // registered, then released by the next decay.
-      size_t size = i % 25 == 0 ? size_t{40} << 20
+      size_t size = i % 25 == 0 ? size_t{72} << 20
                                 : size_t{1} << std::uniform_int_distribution<int>(3, 23)(rng);
       void* p = malloc(size);
       rdmalloc_keys k;

@@ -509,10 +509,10 @@ void OnRelease(void* addr, size_t len, void* arg) {
 // threaded, so a mutex a parent thread held at fork is made new.
 void ObserverAfterForkChild() { pthread_mutex_init(&g_observer.mu, nullptr); }
 
-// A block bigger than the largest shared region (RDMALLOC_REGION_SIZE, 32 MiB
+// A block bigger than the largest shared region (RDMALLOC_REGION_SIZE, 64 MiB
 // by default) gets a region of its own: freed and purged, that region is
 // released and the observers hear of it.
-constexpr size_t kRegionOfItsOwn = 40u << 20;
+constexpr size_t kRegionOfItsOwn = 72u << 20;
 
 // Frees a block with a region of its own and has jemalloc purge it; the
 // release it causes is notified by the next rdmalloc_* call at the latest.
