@@ -32,7 +32,7 @@ constexpr int kNotifyLibfabric = 2;
 constexpr size_t kNoPinLimit = ~size_t{0};
 constexpr long kDecayUnset = -2;  // keep jemalloc's own dirty_decay_ms
 constexpr long kMaxDecayMs = 86400000;
-constexpr size_t kDefaultRetain = size_t{64} << 20;
+constexpr size_t kDefaultRetain = size_t{128} << 20;
 constexpr size_t kMaxRetain = size_t{1} << 40;
 constexpr size_t kPageBytes = 4096;
 

@@ -157,7 +157,7 @@ class RegionStore {
   void Recycle(Region* r);
 
   size_t region_size_ = size_t{64} << 20;
-  size_t retain_ = size_t{64} << 20;
+  size_t retain_ = size_t{128} << 20;
   std::atomic<uint64_t> retained_pages_{0};
   RegionMap map_;
   Shard shards_[kShards];

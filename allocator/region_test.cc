@@ -464,6 +464,7 @@ RegionStore g_store;
 // large block of a loop ended up in a half-used region of its own.
 TEST(RegionStoreTest, ANewSharedRegionHoldsTwiceItsFirstRequest) {
   g_store.set_region_size(64 * kMiB);
+  g_store.set_retain(64 * kMiB);
   RegionStore::Extent a, b, c;
   ASSERT_TRUE(g_store.Carve(/*arena=*/7, 0, nullptr, 20 * kMiB, 4096, &a));
   EXPECT_TRUE(a.fresh);
