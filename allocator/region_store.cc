@@ -252,7 +252,7 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t p
     // either is seen here or sees `kept` and releases it itself.
     r->kept.store(true);
     gave = Gave::kKept;
-    if (OverRetain(0)) {
+    if (OverRetain()) {
       if (ClaimLocked(r)) {
         UnlistLocked(s, r);
         gave = Gave::kEmpty;
@@ -291,14 +291,14 @@ RegionStore::Gave RegionStore::Drop(Region* r) {
   SpinLockGuard g(s.lock);
   // In use again, released meanwhile, or within the bound.
   if (!r->kept.load(std::memory_order_relaxed) || !(r->seq.load() & 1)) return Gave::kInUse;
-  if (!OverRetain(0)) return Gave::kKept;
+  if (!OverRetain()) return Gave::kKept;
   if (!ClaimLocked(r)) return Gave::kInUse;  // held again
   UnlistLocked(s, r);
   return Gave::kEmpty;
 }
 
 Region* RegionStore::ShedKept(unsigned shard) {
-  if (!OverRetain(0)) return nullptr;
+  if (!OverRetain()) return nullptr;
   Shard& s = shards_[shard];
   LockShard(s);
   Region* r = s.regions;

@@ -82,8 +82,7 @@ class RegionStore {
   // kept, count against this many bytes.
   void set_retain(size_t bytes) { retain_ = bytes; }
   uint64_t retained_bytes() const { return retained_pages_.load(std::memory_order_relaxed) << kPageShift; }
-  // Would `extra` more free bytes left resident pass the bound?
-  bool OverRetain(size_t extra) const { return retained_bytes() + extra > retain_; }
+  bool OverRetain() const { return retained_bytes() > retain_; }
   // How far `extra` more free bytes left resident would pass the bound.
   size_t ExcessOverRetain(size_t extra) const {
     uint64_t after = retained_bytes() + extra;
