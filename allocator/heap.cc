@@ -204,7 +204,10 @@ int Heap::LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd, rdmalloc
   return Lookup(addr, len, pd, out);
 }
 
-int Heap::LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
+int Heap::LookupSlow(rdmalloc_keys* out) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(out->addr);
+  size_t len = out->len;
+  int d = out->domain;
   lookup_slow_.fetch_add(1, std::memory_order_relaxed);
   EnsureBackend();
   EnsureReleaseThread();  // a registration on verbs will need it for its release

@@ -139,8 +139,13 @@ class Heap {
     Bump(counter);
     return code;
   }
+  // A miss of the hit path, counted on this thread's stripe, found again
+  // (one TLS load) rather than kept live across the hit path.
+  inline int Miss(int code, std::atomic<uint64_t> Stripe::*counter);
 
-  __attribute__((noinline)) int LookupSlow(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  // The request (addr, len, domain) is in *out: the hit path wrote it there
+  // before it found no usable registration.
+  __attribute__((noinline)) int LookupSlow(rdmalloc_keys* out);
   __attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
                                                     rdmalloc_keys* out);
   inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
@@ -180,6 +185,10 @@ unsigned AssignStripe();
 extern __attribute__((visibility("hidden"))) Heap g_heap;
 inline Heap& TheHeap() { return g_heap; }
 
+inline int Heap::Miss(int code, std::atomic<uint64_t> Stripe::*counter) {
+  return Fail(code, stripes_[t_stripe].*counter);
+}
+
 inline unsigned Heap::t_stripe_index() {
   unsigned stripe = t_stripe;
   return __builtin_expect(stripe != ~0u, 1) ? stripe : AssignStripe();
@@ -202,40 +211,47 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
   out->access = access;
 }
 
-// The hit path is a leaf: no call but tail calls, so it saves no registers
-// and builds no frame (a thread's first lookup and every miss go elsewhere).
+// The hit path is a leaf: no call but tail calls, and few enough live values
+// that it saves no register (a thread's first lookup, every miss and every
+// retry go elsewhere). Keys go straight to *out and are checked afterwards (a
+// seqlock read): when the check fails, the slow path overwrites them.
 __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd,
                                                        rdmalloc_keys* out) {
   unsigned stripe = t_stripe;
   if (__builtin_expect(stripe == ~0u, 0)) return LookupFirstOnThread(addr, len, pd, out);
-  Stripe& st = stripes_[stripe];
-  Bump(st.lookups);
+  Bump(stripes_[stripe].lookups);
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  if (out == nullptr || len > UINTPTR_MAX - a) return Fail(RDMALLOC_EINVAL, st.einval);
+  if (out == nullptr || len > UINTPTR_MAX - a) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
   int d = regs_.DomainIndex(pd);
-  if (d < 0) return Fail(RDMALLOC_EINVAL, st.einval);
+  if (d < 0) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
   Region* r = store_.Find(a);
-  if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, st.not_ours);
+  if (r == nullptr) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
   uint64_t seq = r->seq.load(std::memory_order_acquire);
   uintptr_t base = r->begin();
   size_t size = r->length();
-  if (!(seq & 1) || a < base || a - base >= size) return Fail(RDMALLOC_ENOTOURS, st.not_ours);
-  if (len > size - (a - base)) return Fail(RDMALLOC_ECROSS, st.cross);
+  if (!(seq & 1) || a < base || a - base >= size) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
+  if (len > size - (a - base)) return Miss(RDMALLOC_ECROSS, &Stripe::cross);
+  out->region_base = reinterpret_cast<void*>(base);
+  out->region_len = size;
+  out->addr = addr;
+  out->len = len;
+  out->reg_errno = 0;
+  out->domain = d;
   RegSlot& s = r->reg[d];
   uint32_t q = s.seq.load(std::memory_order_acquire);
   if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
-    uint32_t lkey = s.lkey.load(std::memory_order_relaxed);
-    uint32_t rkey = s.rkey.load(std::memory_order_relaxed);
     uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
-    void* handle = s.handle.load(std::memory_order_relaxed);
-    int access = s.access.load(std::memory_order_relaxed);
+    uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+    out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
+    out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
+    out->handle = s.handle.load(std::memory_order_relaxed);
+    out->mr = static_cast<ibv_mr*>(s.mr.load(std::memory_order_relaxed));
+    out->access = s.access.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq) {
-      FillKeys(r, d, a, len, lkey, rkey, shift, handle, access, out);
+    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq)
       return RDMALLOC_OK;
-    }
   }
-  return LookupSlow(a, len, d, out);
+  return LookupSlow(out);
 }
 
 }  // namespace rdmalloc
