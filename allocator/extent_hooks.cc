@@ -55,12 +55,28 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
   return p;
 }
 
+// Whether jemalloc keeps freed extents dirty for a decay time before it
+// gives them back (RDMALLOC_DECAY_MS, else MALLOC_CONF's dirty_decay_ms).
+std::atomic<bool> g_jemalloc_decays{true};
+
+// An extent under kLargeReturnedAtOnce comes back only when jemalloc's decay
+// lets it go, or a purge or an arena's end asks for it: cold, unless there is
+// no decay time and every freed extent comes back at once.
+Heap::Freed HowFreed(size_t size) {
+  return size < kLargeReturnedAtOnce && g_jemalloc_decays.load(std::memory_order_relaxed)
+             ? Heap::Freed::kCold
+             : Heap::Freed::kWarm;
+}
+
 // Accept: the pages go back to the heap, which keeps them registered (or
 // releases the whole region once it is empty).
 bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
   HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
-    TheHeap().FreeExtent(r, addr, size);
+    Heap::Freed how = HowFreed(size);
+    Log(3, "extent dalloc %zu bytes, arena %u (%s)", size, arena_ind,
+        how == Heap::Freed::kCold ? "cold" : "warm");
+    TheHeap().FreeExtent(r, addr, size, how);
     return false;
   }
   return g_default->dalloc(g_default, addr, size, committed, arena_ind);
@@ -69,7 +85,7 @@ bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned a
 void Destroy(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
   HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
-    TheHeap().FreeExtent(r, addr, size);
+    TheHeap().FreeExtent(r, addr, size, HowFreed(size));
     return;
   }
   g_default->destroy(g_default, addr, size, committed, arena_ind);
@@ -203,13 +219,17 @@ const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
 // any size for its whole decay time (10 s), outside rdmalloc's retention
 // bound: two threads looping over large blocks held 1.6x jemalloc's RSS.
 extern __attribute__((visibility("hidden"))) size_t je_oversize_threshold;
+// MALLOC_CONF's dirty_decay_ms, once jemalloc has booted.
+extern __attribute__((visibility("hidden"))) ssize_t je_opt_dirty_decay_ms;
 }
 
 namespace rdmalloc {
 
-void ReturnLargeExtentsAtOnce() {
-  rdmj_free(rdmj_malloc(1));  // jemalloc booted: the value below is not overwritten
+void ReturnLargeExtentsAtOnce(long decay_ms) {
+  rdmj_free(rdmj_malloc(1));  // jemalloc booted: the values below are final
   __atomic_store_n(&je_oversize_threshold, kLargeReturnedAtOnce, __ATOMIC_RELAXED);
+  long decay = decay_ms != kDecayUnset ? decay_ms : static_cast<long>(je_opt_dirty_decay_ms);
+  g_jemalloc_decays.store(decay != 0, std::memory_order_relaxed);
 }
 
 }  // namespace rdmalloc

@@ -64,8 +64,11 @@ class Heap {
                     size_t alignment, bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
   Region* RegionOf(const void* addr, size_t size) const { return store_.RegionOf(addr, size); }
-  // jemalloc gave [addr, addr+size) back for good (dalloc or destroy).
-  void FreeExtent(Region* r, void* addr, size_t size);
+  // jemalloc gave [addr, addr+size) back for good (dalloc or destroy). A
+  // cold extent is one jemalloc already kept resident for its decay time and
+  // found no use for: its pages are not kept a second time.
+  enum class Freed { kWarm, kCold };
+  void FreeExtent(Region* r, void* addr, size_t size, Freed how);
   void CountForeign() { foreign_extents_.fetch_add(1, std::memory_order_relaxed); }
   // The access class of the live allocation at p (0 for anything not in a
   // class region). Lock-free; for free() to route class memory past tcaches.

@@ -60,7 +60,7 @@ void Initialise() {
   TheHeap().Configure(config);
   InstallExtentHooks();
   if (config.decay_ms != kDecayUnset) SetDirtyDecay(config.decay_ms);
-  ReturnLargeExtentsAtOnce();
+  ReturnLargeExtentsAtOnce(config.decay_ms);
   TheHeap().Start();
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -375,6 +376,51 @@ TEST(Retain, PastTheBoundOnlyTheExcessIsPurged) {
   EXPECT_GE(resident * page + 2 * page, kept) << "the bound's worth of the block is not resident";
   EXPECT_LE(resident * page, kept + 2 * page) << "more than the bound stayed resident";
   EXPECT_EQ(vec[vec.size() - 2] & 1, 0) << "the tail was not purged";
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// An extent jemalloc gives back after its decay time is one it kept resident
+// for that long and found no use for: rdmalloc purges it rather than keep it
+// resident a second time within RDMALLOC_RETAIN. Such extents used to be
+// kept, stacking on jemalloc's dirty pages (mstress peaked at 1.15x
+// jemalloc's RSS).
+TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Retain.ExtentsJemallocLetDecayAreNotKeptAgain", {"RDMALLOC_DECAY_MS=1"}),
+              0);
+    return;
+  }
+  const size_t n = size_t{2} << 20, page = 4096;  // under 8 MiB: waits in the dirty cache
+  uint64_t retained_before = Stats().bytes_retained;
+  char* p = static_cast<char*>(malloc(n));
+  ASSERT_NE(p, nullptr);
+  memset(p, 7, n);
+  asm volatile("" : : "r"(p) : "memory");
+  free(p);
+  // jemalloc decays on its allocation ticks (large blocks, past the tcache),
+  // once the 1 ms decay time has passed: tick until its dirty pages are gone.
+  size_t dirty = SIZE_MAX;
+  for (int round = 0; round < 1000 && dirty * page >= n / 2; round++) {
+    usleep(2000);
+    for (int i = 0; i < 500; i++) {
+      void* q = malloc(size_t{64} << 10);
+      asm volatile("" : : "r"(q) : "memory");
+      free(q);
+    }
+    uint64_t epoch = 1;
+    size_t len = sizeof dirty;
+    ASSERT_EQ(mallctl("epoch", nullptr, nullptr, &epoch, sizeof epoch), 0);
+    ASSERT_EQ(mallctl("stats.arenas.0.pdirty", &dirty, &len, nullptr, 0), 0);
+  }
+  ASSERT_LT(dirty * page, n / 2) << "jemalloc never let the block decay";
+  EXPECT_LT(Stats().bytes_retained, retained_before + n / 2) << "the decayed block was kept";
+  // The 64 KiB blocks may have taken a few pages of it since.
+  uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  std::vector<unsigned char> vec(n / page - 1);
+  ASSERT_EQ(mincore(reinterpret_cast<void*>(first), vec.size() * page, vec.data()), 0);
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  EXPECT_LT(resident * page, n / 4) << "pages of the decayed block are still resident";
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
