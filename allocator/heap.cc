@@ -103,7 +103,23 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how) {
   // Registered or observed free pages cannot be purged: past the bound,
   // kept empty regions of this shard go instead.
   while (Region* kept = store_.ShedKept(shard)) Release(kept);
+  if (uint64_t idle = store_.EndIdleEpoch(NowNs(), kIdleEpochNs)) PurgeIdle(idle << kPageShift);
   store_.LeaveFree(shard);
+}
+
+void Heap::PurgeIdle(uint64_t bytes) {
+  // As in FreeExtent: no purge under observers, none of a registered or held
+  // region (PurgeFree checks the holds), and never a wait for a registration.
+  if (release_.observed()) return;
+  uint64_t purged = 0;
+  size_t used = store_.descriptors_used();
+  for (size_t i = 0; i < used && purged < bytes; i++) {
+    Region* r = store_.descriptor(i);
+    uint64_t seq = r->seq.load();
+    if (!(seq & 1) || r->registrations.load() != 0 || !r->reg_lock.TryLock()) continue;
+    if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq);
+    Unlock(r);
+  }
 }
 
 void Heap::GiveBackRetained() {

@@ -45,6 +45,9 @@ struct RegionInfo {
 class Heap {
  public:
   static constexpr unsigned kStripes = 64;  // lookup counters, one cache line each
+  // Free pages kept resident (RDMALLOC_RETAIN) that no request took for this
+  // long are purged: retention serves reuse, not memory nobody asks for.
+  static constexpr uint64_t kIdleEpochNs = 1000 * 1000 * 1000;
 
   constexpr Heap() = default;
   Heap(const Heap&) = delete;
@@ -166,6 +169,10 @@ class Heap {
   void RunRelease(Region* r);
   bool ReleaseLocked(Region* r);
   static void FinishQueued(Region* r, void* heap);
+
+  // Purges about `bytes` of free resident pages that no request took during
+  // a whole idle epoch (RegionStore::EndIdleEpoch), from unregistered regions.
+  void PurgeIdle(uint64_t bytes);
 
   void InstallForkHandlers();
   void ForkChild();

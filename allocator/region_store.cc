@@ -194,10 +194,28 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   return r;
 }
 
+void RegionStore::Unretain(uint64_t pages) {
+  if (pages == 0) return;
+  uint64_t now = retained_pages_.fetch_sub(pages, std::memory_order_relaxed) - pages;
+  uint64_t floor = idle_floor_pages_.load(std::memory_order_relaxed);
+  while (now < floor && !idle_floor_pages_.compare_exchange_weak(floor, now, std::memory_order_relaxed)) {
+  }
+}
+
+uint64_t RegionStore::EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns) {
+  uint64_t start = idle_epoch_start_ns_.load(std::memory_order_relaxed);
+  if (now_ns - start < epoch_ns ||
+      !idle_epoch_start_ns_.compare_exchange_strong(start, now_ns, std::memory_order_relaxed))
+    return 0;
+  uint64_t retained = retained_pages_.load(std::memory_order_relaxed);
+  uint64_t idle = idle_floor_pages_.exchange(retained, std::memory_order_relaxed);
+  return idle < retained ? idle : retained;
+}
+
 void RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty) {
   size_t dirty_pages = r->pages.Take(first, n);
   *dirty = dirty_pages != 0;
-  retained_pages_.fetch_sub(dirty_pages, std::memory_order_relaxed);
+  Unretain(dirty_pages);
   s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
   r->kept.store(false, std::memory_order_relaxed);
 }
@@ -222,7 +240,7 @@ void RegionStore::UnlistLocked(Shard& s, Region* r) {
   *link = r->next;
   map_.Clear(r->begin(), r->length());
   r->seq.fetch_add(1);  // even: lookups that raced with us now fail
-  retained_pages_.fetch_sub(r->pages.dirty_free_pages(), std::memory_order_relaxed);
+  Unretain(r->pages.dirty_free_pages());
   r->kept.store(false, std::memory_order_relaxed);
 }
 
@@ -331,7 +349,7 @@ size_t RegionStore::PurgeFree(Region* r, uint64_t seq) {
     return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
                    MADV_DONTNEED) == 0;
   });
-  retained_pages_.fetch_sub(purged, std::memory_order_relaxed);
+  Unretain(purged);
   return purged << kPageShift;
 }
 

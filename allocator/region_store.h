@@ -88,6 +88,11 @@ class RegionStore {
     uint64_t after = retained_bytes() + extra;
     return after > retain_ ? static_cast<size_t>(after - retain_) : 0;
   }
+  // Idle retention: the fewest pages kept at any moment of an epoch were
+  // not reused during it. Once `epoch_ns` has passed since the epoch began,
+  // one caller gets that count back (0 for the others) to purge, and the
+  // next epoch begins.
+  uint64_t EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns);
   // A kept region of `shard` to release while retention is over its bound
   // (then out of list and map, as for kEmpty), or nullptr.
   Region* ShedKept(unsigned shard);
@@ -146,6 +151,8 @@ class RegionStore {
   // With the shard locked: pages of r taken / given, r unlisted.
   void TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
   void UnlistLocked(Shard& s, Region* r);
+  // Fewer pages retained: the epoch's floor follows them down.
+  void Unretain(uint64_t pages);
   void CountHeldLocked(Shard& s);
   // A release decision on an empty region, shard lock held: true unless an
   // MR holds it (then a Hold racing with it may fail instead; it retries as
@@ -158,6 +165,7 @@ class RegionStore {
   size_t region_size_ = size_t{64} << 20;
   size_t retain_ = size_t{128} << 20;
   std::atomic<uint64_t> retained_pages_{0};
+  std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0};
   RegionMap map_;
   Shard shards_[kShards];
   SpinLock pool_lock_{LockRank::kHeap};  // never held with a shard lock

@@ -424,6 +424,43 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
+// Free pages kept within RDMALLOC_RETAIN that no request takes for a whole
+// idle epoch (1 s) are purged at the next extent rdmalloc gets back: a burst
+// of large blocks does not stay resident for the rest of the run. They used
+// to stay until a purge or malloc_trim asked for them.
+TEST(Retain, PagesNobodyReusesAreGivenBackAfterAnEpoch) {
+  if (!IsRerunChild()) {
+    EXPECT_EQ(RerunSelf("Retain.PagesNobodyReusesAreGivenBackAfterAnEpoch",
+                        {"RDMALLOC_DECAY_MS=0"}),
+              0);
+    return;
+  }
+  const size_t n = size_t{24} << 20, page = 4096;
+  char* p = static_cast<char*>(malloc(n));  // never looked up: not registered, purgeable
+  ASSERT_NE(p, nullptr);
+  memset(p, 7, n);
+  asm volatile("" : : "r"(p) : "memory");
+  free(p);  // decay 0: straight back to rdmalloc, kept resident
+  uint64_t kept = Stats().bytes_retained;
+  ASSERT_GE(kept, n) << "the block was not kept to begin with";
+  // Two epochs: the first may have begun just now, the second sees the
+  // block's pages idle throughout. Small extents come and go meanwhile.
+  for (int i = 0; i < 25; i++) {
+    usleep(100 * 1000);
+    void* q = malloc(size_t{64} << 10);
+    asm volatile("" : : "r"(q) : "memory");
+    free(q);
+  }
+  EXPECT_LT(Stats().bytes_retained, kept - n / 2) << "idle pages were kept";
+  uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  std::vector<unsigned char> vec(n / page - 1);
+  ASSERT_EQ(mincore(reinterpret_cast<void*>(first), vec.size() * page, vec.data()), 0);
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  EXPECT_LT(resident * page, n / 4) << "the idle block is still resident";
+  exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
 // A large block freed in a thread's own arena comes back to rdmalloc's heap at
 // once, as in arena 0 (and in stock jemalloc, past 8 MiB): it counts against
 // RDMALLOC_RETAIN there. Every arena but arena 0 used to keep it in
