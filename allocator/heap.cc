@@ -23,7 +23,9 @@ namespace {
 std::atomic<unsigned> g_next_stripe{0};
 }  // namespace
 
-__thread unsigned t_stripe = ~0u;
+// The model again: GCC takes it from the definition, and without it this
+// file reached t_stripe through __tls_get_addr.
+__thread unsigned t_stripe __attribute__((tls_model("initial-exec"), visibility("hidden"))) = ~0u;
 
 unsigned AssignStripe() {
   t_stripe = g_next_stripe.fetch_add(1, std::memory_order_relaxed) % Heap::kStripes;

@@ -19,6 +19,7 @@
 // program or MPI library that embeds rdmalloc chooses whether to link it.
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
 
@@ -115,25 +116,51 @@ enum : int { kRecordFree = 0, kRecordServed = 1, kRecordForwarded = 2 };
 constexpr size_t kRecordsPerChunk = 4096;
 constexpr size_t kMaxChunks = 256;
 
+// Free records a thread holds, so that a register/deregister pair takes no
+// lock: taken from the shared list kBatch at a time, and given back to its
+// tail kBatch at a time. A thread's records go back when it exits.
+constexpr unsigned kBatch = 32;
+struct RecordList {
+  MrRecord* head = nullptr;
+  MrRecord* tail = nullptr;
+  unsigned n = 0;
+};
+struct ThreadRecords {
+  RecordList taken, given;
+  bool registered = false;  // with the exit key
+};
+__thread ThreadRecords t_records __attribute__((tls_model("initial-exec")));
+
 class MrTable {
  public:
   MrRecord* Take() {
-    SpinLockGuard g(lock_);
-    if (free_head_ == nullptr && !Grow()) return nullptr;
-    MrRecord* rec = free_head_;
-    free_head_ = rec->next_free;
-    if (free_head_ == nullptr) free_tail_ = nullptr;
+    ThreadRecords& t = t_records;
+    if (t.taken.n == 0 && !Refill(t)) return nullptr;
+    MrRecord* rec = t.taken.head;
+    t.taken.head = rec->next_free;
+    t.taken.n--;
     return rec;
   }
-  // Freed records are reused last (FIFO), so a stale second ibv_dereg_mr
-  // finds its record free for as long as possible.
+  // Freed records are reused last (FIFO, past the thread's batch), so a
+  // stale second ibv_dereg_mr finds its record free for as long as possible.
   void Give(MrRecord* rec) {
     rec->state.store(kRecordFree, std::memory_order_release);
-    SpinLockGuard g(lock_);
+    ThreadRecords& t = t_records;
     rec->next_free = nullptr;
-    if (free_tail_ != nullptr) free_tail_->next_free = rec;
-    else free_head_ = rec;
-    free_tail_ = rec;
+    if (t.given.tail != nullptr) t.given.tail->next_free = rec;
+    else t.given.head = rec;
+    t.given.tail = rec;
+    if (++t.given.n == kBatch) GiveBatch(&t.given);
+  }
+  // A thread's records, back to the shared list (at its exit, or in a fork
+  // child for the threads that did not come along: their records are lost).
+  void GiveAll(ThreadRecords* t) {
+    if (t->given.n != 0) GiveBatch(&t->given);
+    if (t->taken.n != 0) {
+      t->taken.tail = t->taken.head;
+      while (t->taken.tail->next_free != nullptr) t->taken.tail = t->taken.tail->next_free;
+      GiveBatch(&t->taken);
+    }
   }
   // The record at mr, in whatever state, or nullptr if mr is not one of
   // ours. Lock-free: compares addresses only, never reads through mr.
@@ -198,6 +225,14 @@ class MrTable {
     const ibv_mr* key = nullptr;
     MrRecord* rec = nullptr;
   };
+  bool Refill(ThreadRecords& t);
+  void GiveBatch(RecordList* list) {
+    SpinLockGuard g(lock_);
+    if (free_tail_ != nullptr) free_tail_->next_free = list->head;
+    else free_head_ = list->head;
+    free_tail_ = list->tail;
+    *list = RecordList();
+  }
   size_t Slot(const ibv_mr* mr) const {
     uint64_t h = reinterpret_cast<uintptr_t>(mr) * 0x9E3779B97F4A7C15ull;
     return static_cast<size_t>(h >> 20) & (capacity_ - 1);
@@ -248,6 +283,35 @@ class MrTable {
 };
 
 MrTable g_table;
+
+pthread_key_t g_records_key;
+pthread_once_t g_records_key_once = PTHREAD_ONCE_INIT;
+
+bool MrTable::Refill(ThreadRecords& t) {
+  if (!t.registered) {
+    // Its records go back when the thread exits (API context: may allocate).
+    pthread_once(&g_records_key_once, [] {
+      pthread_key_create(&g_records_key,
+                         [](void* t) { g_table.GiveAll(static_cast<ThreadRecords*>(t)); });
+    });
+    t.registered = true;
+    pthread_setspecific(g_records_key, &t);
+  }
+  SpinLockGuard g(lock_);
+  if (free_head_ == nullptr && !Grow()) return false;
+  t.taken.head = free_head_;
+  MrRecord* last = free_head_;
+  unsigned n = 1;
+  while (n < kBatch && last->next_free != nullptr) {
+    last = last->next_free;
+    n++;
+  }
+  free_head_ = last->next_free;
+  if (free_head_ == nullptr) free_tail_ = nullptr;
+  last->next_free = nullptr;
+  t.taken.n = n;
+  return true;
+}
 
 void InstallForkHandlersOnce() {
   static std::atomic<bool> done{false};

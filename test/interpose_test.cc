@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "test/test_util.h"
@@ -308,6 +309,35 @@ void ExpectHeldUntilDereg(ibv_mr* mr, void* p, size_t len) {
     malloc_trim(0);
   }
   EXPECT_EQ(rdmalloc_owns(p, len), 0) << "the region stayed after its last MR went";
+}
+
+// Each thread takes MR records a batch at a time; an exiting thread gives
+// its batch back. Were it lost, 40000 short-lived threads would strand more
+// records than the table can ever hold (256 x 4096), and the later ones'
+// registrations would be forwarded.
+TEST_F(Interpose, ThreadsGiveTheirMrRecordsBackWhenTheyExit) {
+  if (!Interposing()) GTEST_SKIP() << "RDMALLOC_INTERPOSE=0: see EverythingForwardedWhenOff";
+  ibv_pd* pd = TheFake().pd;
+  void* p = malloc(4096);
+  ibv_mr* warm = ibv_reg_mr(pd, p, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(warm, nullptr);
+  ASSERT_EQ(ibv_dereg_mr(warm), 0);
+  struct rdmalloc_stats before = Stats();
+  const int kThreads = 40000;
+  int failed = 0;
+  for (int i = 0; i < kThreads; i++) {
+    std::thread t([&] {
+      ibv_mr* mr = ibv_reg_mr(pd, p, 4096, IBV_ACCESS_LOCAL_WRITE);
+      if (mr == nullptr || ibv_dereg_mr(mr) != 0) failed++;
+    });
+    t.join();
+  }
+  struct rdmalloc_stats after = Stats();
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(after.mrs_served - before.mrs_served, static_cast<uint64_t>(kThreads));
+  EXPECT_EQ(after.mrs_forwarded, before.mrs_forwarded) << "records ran out";
+  EXPECT_EQ(after.mrs_live, before.mrs_live);
+  free(p);
 }
 
 TEST_F(Interpose, AServedMrHoldsItsRegion) {
