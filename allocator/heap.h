@@ -46,8 +46,10 @@ class Heap {
  public:
   static constexpr unsigned kStripes = 64;  // lookup counters, one cache line each
   // Free pages kept resident (RDMALLOC_RETAIN) that no request took for this
-  // long are purged: retention serves reuse, not memory nobody asks for.
-  static constexpr uint64_t kIdleEpochNs = 1000 * 1000 * 1000;
+  // long are purged: retention serves reuse, not memory nobody asks for. A
+  // loop over large blocks reuses within milliseconds; at 1 s, mstress kept
+  // 1.08-1.21x jemalloc's peak RSS, at 100 ms 1.02-1.05x.
+  static constexpr uint64_t kIdleEpochNs = 100 * 1000 * 1000;
 
   constexpr Heap() = default;
   Heap(const Heap&) = delete;

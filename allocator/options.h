@@ -230,7 +230,7 @@ inline constexpr Option kOptions[] = {
      "many bytes over all arenas (glibc keeps up to 64 MiB above each arena's heap top). "
      "Past it, the excess is purged. Blocks under 8 MiB that jemalloc gives back "
      "after its decay time (`RDMALLOC_DECAY_MS`) are not kept again: they are purged; "
-     "so are kept pages no request took for a whole second. "
+     "so are kept pages no request took for 100 ms. "
      "A loop of large "
      "blocks then reuses pages instead of mapping, faulting and unmapping them (1–32 MiB "
      "blocks, 2 threads: `64M` faulted 2.7× more pages and took 2.6× longer); a kept "

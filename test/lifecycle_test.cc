@@ -425,7 +425,7 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
 }
 
 // Free pages kept within RDMALLOC_RETAIN that no request takes for a whole
-// idle epoch (1 s) are purged at the next extent rdmalloc gets back: a burst
+// idle epoch (100 ms) are purged at the next extent rdmalloc gets back: a burst
 // of large blocks does not stay resident for the rest of the run. They used
 // to stay until a purge or malloc_trim asked for them.
 TEST(Retain, PagesNobodyReusesAreGivenBackAfterAnEpoch) {
@@ -445,8 +445,8 @@ TEST(Retain, PagesNobodyReusesAreGivenBackAfterAnEpoch) {
   ASSERT_GE(kept, n) << "the block was not kept to begin with";
   // Two epochs: the first may have begun just now, the second sees the
   // block's pages idle throughout. Small extents come and go meanwhile.
-  for (int i = 0; i < 25; i++) {
-    usleep(100 * 1000);
+  for (int i = 0; i < 20; i++) {
+    usleep(25 * 1000);
     void* q = malloc(size_t{64} << 10);
     asm volatile("" : : "r"(q) : "memory");
     free(q);
