@@ -23,6 +23,27 @@ namespace {
 
 constexpr long kMiB = 1024;  // in kB
 
+// Bytes resident of the whole pages inside [p, p + n).
+size_t ResidentBytes(const void* p, size_t n) {
+  const uintptr_t page = 4096;
+  uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+  if (end <= first) return 0;
+  std::vector<unsigned char> vec((end - first) / page);
+  if (mincore(reinterpret_cast<void*>(first), end - first, vec.data()) != 0) return SIZE_MAX;
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return resident * page;
+}
+
+// One block past the thread cache, allocated and freed: an allocation tick
+// for jemalloc's decay, and an extent through the hooks when decay is 0.
+void AllocateAndFreeALargeBlock() {
+  void* q = malloc(size_t{64} << 10);
+  asm volatile("" : : "r"(q) : "memory");
+  free(q);
+}
+
 TEST(Lifecycle, ReleasedRegionsAreDeregisteredAndUnpinned) {
   ForceDecay();
   long pin0 = VmPinKb();
@@ -402,11 +423,7 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
   size_t dirty = SIZE_MAX;
   for (int round = 0; round < 1000 && dirty * page >= n / 2; round++) {
     usleep(2000);
-    for (int i = 0; i < 500; i++) {
-      void* q = malloc(size_t{64} << 10);
-      asm volatile("" : : "r"(q) : "memory");
-      free(q);
-    }
+    for (int i = 0; i < 500; i++) AllocateAndFreeALargeBlock();
     uint64_t epoch = 1;
     size_t len = sizeof dirty;
     ASSERT_EQ(mallctl("epoch", nullptr, nullptr, &epoch, sizeof epoch), 0);
@@ -415,12 +432,7 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
   ASSERT_LT(dirty * page, n / 2) << "jemalloc never let the block decay";
   EXPECT_LT(Stats().bytes_retained, retained_before + n / 2) << "the decayed block was kept";
   // The 64 KiB blocks may have taken a few pages of it since.
-  uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  std::vector<unsigned char> vec(n / page - 1);
-  ASSERT_EQ(mincore(reinterpret_cast<void*>(first), vec.size() * page, vec.data()), 0);
-  size_t resident = 0;
-  for (unsigned char v : vec) resident += v & 1;
-  EXPECT_LT(resident * page, n / 4) << "pages of the decayed block are still resident";
+  EXPECT_LT(ResidentBytes(p, n), n / 4) << "pages of the decayed block are still resident";
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
@@ -435,7 +447,7 @@ TEST(Retain, PagesNobodyReusesAreGivenBackAfterAnEpoch) {
               0);
     return;
   }
-  const size_t n = size_t{24} << 20, page = 4096;
+  const size_t n = size_t{24} << 20;
   char* p = static_cast<char*>(malloc(n));  // never looked up: not registered, purgeable
   ASSERT_NE(p, nullptr);
   memset(p, 7, n);
@@ -447,17 +459,10 @@ TEST(Retain, PagesNobodyReusesAreGivenBackAfterAnEpoch) {
   // block's pages idle throughout. Small extents come and go meanwhile.
   for (int i = 0; i < 20; i++) {
     usleep(25 * 1000);
-    void* q = malloc(size_t{64} << 10);
-    asm volatile("" : : "r"(q) : "memory");
-    free(q);
+    AllocateAndFreeALargeBlock();
   }
   EXPECT_LT(Stats().bytes_retained, kept - n / 2) << "idle pages were kept";
-  uintptr_t first = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  std::vector<unsigned char> vec(n / page - 1);
-  ASSERT_EQ(mincore(reinterpret_cast<void*>(first), vec.size() * page, vec.data()), 0);
-  size_t resident = 0;
-  for (unsigned char v : vec) resident += v & 1;
-  EXPECT_LT(resident * page, n / 4) << "the idle block is still resident";
+  EXPECT_LT(ResidentBytes(p, n), n / 4) << "the idle block is still resident";
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
