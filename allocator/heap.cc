@@ -105,37 +105,32 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how) {
   // Registered or observed free pages cannot be purged: past the bound,
   // kept empty regions of this shard go instead.
   while (Region* kept = store_.ShedKept(shard)) Release(kept);
-  if (uint64_t idle = store_.EndIdleEpoch(NowNs(), kIdleEpochNs)) PurgeIdle(idle << kPageShift);
+  // Pages nobody took for a whole idle epoch; as above, never under observers
+  // and never waiting for a registration.
+  uint64_t idle = store_.EndIdleEpoch(NowNs(), kIdleEpochNs);
+  if (idle != 0 && !release_.observed()) PurgeFreePages(idle << kPageShift, /*may_wait=*/false);
   store_.LeaveFree(shard);
 }
 
-void Heap::PurgeIdle(uint64_t bytes) {
-  // As in FreeExtent: no purge under observers, none of a registered or held
-  // region (PurgeFree checks the holds), and never a wait for a registration.
-  if (release_.observed()) return;
+uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait) {
   uint64_t purged = 0;
   size_t used = store_.descriptors_used();
-  for (size_t i = 0; i < used && purged < bytes; i++) {
+  for (size_t i = 0; i < used && purged < budget; i++) {
     Region* r = store_.descriptor(i);
     uint64_t seq = r->seq.load();
-    if (!(seq & 1) || r->registrations.load() != 0 || !r->reg_lock.TryLock()) continue;
+    if (!(seq & 1) || r->registrations.load() != 0) continue;
+    if (may_wait) r->reg_lock.Lock();
+    else if (!r->reg_lock.TryLock()) continue;
     if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq);
     Unlock(r);
   }
+  return purged;
 }
 
 void Heap::GiveBackRetained() {
   while (Region* kept = store_.TakeKept()) Release(kept);
   if (release_.observed()) return;  // observers may hold MRs on free pages
-  size_t used = store_.descriptors_used();
-  for (size_t i = 0; i < used; i++) {
-    Region* r = store_.descriptor(i);
-    uint64_t seq = r->seq.load();
-    if (!(seq & 1) || r->registrations.load() != 0) continue;
-    r->reg_lock.Lock();
-    if (r->registrations.load() == 0) store_.PurgeFree(r, seq);
-    Unlock(r);
-  }
+  PurgeFreePages(UINT64_MAX, /*may_wait=*/true);
 }
 
 // ---------------------------------------------------------------- release

@@ -172,9 +172,10 @@ class Heap {
   bool ReleaseLocked(Region* r);
   static void FinishQueued(Region* r, void* heap);
 
-  // Purges about `bytes` of free resident pages that no request took during
-  // a whole idle epoch (RegionStore::EndIdleEpoch), from unregistered regions.
-  void PurgeIdle(uint64_t bytes);
+  // Purges free resident pages of unregistered regions (PurgeFree skips held
+  // ones) until `budget` bytes are purged. Waits for a region's reg_lock only
+  // if `may_wait` (API context); in hook context a busy region is skipped.
+  uint64_t PurgeFreePages(uint64_t budget, bool may_wait);
 
   void InstallForkHandlers();
   void ForkChild();

@@ -152,15 +152,11 @@ class MrTable {
     t.given.tail = rec;
     if (++t.given.n == kBatch) GiveBatch(&t.given);
   }
-  // A thread's records, back to the shared list (at its exit, or in a fork
-  // child for the threads that did not come along: their records are lost).
+  // A thread's records, back to the shared list at its exit (a fork child
+  // loses those of the threads it did not inherit).
   void GiveAll(ThreadRecords* t) {
     if (t->given.n != 0) GiveBatch(&t->given);
-    if (t->taken.n != 0) {
-      t->taken.tail = t->taken.head;
-      while (t->taken.tail->next_free != nullptr) t->taken.tail = t->taken.tail->next_free;
-      GiveBatch(&t->taken);
-    }
+    if (t->taken.n != 0) GiveBatch(&t->taken);
   }
   // The record at mr, in whatever state, or nullptr if mr is not one of
   // ours. Lock-free: compares addresses only, never reads through mr.
@@ -309,6 +305,7 @@ bool MrTable::Refill(ThreadRecords& t) {
   free_head_ = last->next_free;
   if (free_head_ == nullptr) free_tail_ = nullptr;
   last->next_free = nullptr;
+  t.taken.tail = last;  // Take pops from the head: it stays the tail
   t.taken.n = n;
   return true;
 }
