@@ -263,8 +263,10 @@ int Heap::LookupSlow(rdmalloc_keys* out) {
 
 // ------------------------------------------- the program's registrations
 
-int Heap::ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access,
-                            rdmalloc_keys* keys, Region** held) {
+// Whatever the inline path could not serve: a pd seen for the first time, a
+// region not yet registered on it, or a race with a release.
+int Heap::ServeRegistrationSlow(ibv_pd* pd, const void* addr, size_t len, int access,
+                                Served* out) {
   if (pd == nullptr || !regs_.verbs_chosen()) return RDMALLOC_ENOTSUP;
   // Whether it can be served at all, before anything is registered for it.
   Region* r = store_.RegionOf(addr, len);
@@ -278,21 +280,25 @@ int Heap::ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access
     int rc = AddDomain(pd, config_.access);
     if (rc != RDMALLOC_OK && regs_.DomainIndex(pd) < 0) return rc;
   }
-  int rc = Lookup(addr, len, pd, keys);
+  rdmalloc_keys keys;
+  int rc = Lookup(addr, len, pd, &keys);
   if (rc != RDMALLOC_OK) return rc;
-  if ((access & ~keys->access) != 0) return RDMALLOC_ENOTSUP;
+  if ((access & ~keys.access) != 0) return RDMALLOC_ENOTSUP;
   if (store_.Find(reinterpret_cast<uintptr_t>(addr)) != r) return RDMALLOC_ENOTOURS;
   // Registered, so never purged: the hold needs no reg_lock. It only keeps
   // the region from release, and only as it was looked up (it may have been
   // released meanwhile if the program registers memory it does not own).
   if (!store_.Hold(r)) return RDMALLOC_ENOTOURS;
-  RegSlot& slot = r->reg[keys->domain];
-  if (r->begin() != reinterpret_cast<uintptr_t>(keys->region_base) ||
-      slot.state.load() != RegSlot::kRegistered || slot.lkey.load() != keys->lkey) {
+  RegSlot& slot = r->reg[keys.domain];
+  if (r->begin() != reinterpret_cast<uintptr_t>(keys.region_base) ||
+      slot.state.load() != RegSlot::kRegistered || slot.lkey.load() != keys.lkey) {
     DropHold(r);
     return RDMALLOC_ENOTOURS;
   }
-  *held = r;
+  out->lkey = keys.lkey;
+  out->rkey = keys.rkey;
+  out->region_mr = keys.mr;
+  out->region = r;
   return RDMALLOC_OK;
 }
 
@@ -313,12 +319,6 @@ size_t Heap::HoldRange(const void* addr, size_t len, Region** held, size_t max) 
     if (ok) held[count++] = r;
   }
   return count;
-}
-
-// Dropping a hold only allows what later decisions, under their own locks,
-// may do: no reg_lock.
-void Heap::DropHold(Region* r) {
-  if (store_.Drop(r) == RegionStore::Gave::kEmpty) Release(r);
 }
 
 int Heap::AddDomain(ibv_pd* pd, int access) {

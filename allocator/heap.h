@@ -89,18 +89,26 @@ class Heap {
   int AddDomain(ibv_pd* pd, int access);
   int RemoveDomain(ibv_pd* pd);
   // The program's own memory registrations (allocator/verbs_interpose.cc).
-  // Serves one on [addr, addr+len) under pd with `access`
+  // Serves one on [addr, addr+len) under pd (not null) with `access`
   // (RDMALLOC_ACCESS_* bits) from the region's registration: a pd seen for
-  // the first time is added with RDMALLOC_ACCESS's rights. RDMALLOC_OK: keys
-  // filled and the region held (*held; DropHold when the MR goes). Otherwise
-  // the caller registers for itself (and holds with HoldRange).
-  int ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access,
-                        rdmalloc_keys* keys, Region** held);
+  // the first time is added with RDMALLOC_ACCESS's rights. RDMALLOC_OK: *out
+  // filled and out->region held (DropHold when the MR goes). Otherwise the
+  // caller registers for itself (and holds with HoldRange). Inline, like
+  // Lookup: a registered region on a known pd costs no call.
+  struct Served {
+    uint32_t lkey, rkey;
+    const ibv_mr* region_mr;  // the region's registration (its handle is the kernel's)
+    Region* region;
+  };
+  inline int ServeRegistration(ibv_pd* pd, const void* addr, size_t len, int access,
+                               Served* out);
   // Holds every live region with pages in [addr, addr+len), up to `max`:
   // while held, none of their pages is purged and none is released. Returns
   // how many are held.
   size_t HoldRange(const void* addr, size_t len, Region** held, size_t max);
-  void DropHold(Region* r);
+  void DropHold(Region* r) {
+    if (store_.Drop(r) == RegionStore::Gave::kEmpty) Release(r);
+  }
   // What the interposer counts, for rdmalloc_stats and the report: served,
   // deregistered and forwarded MRs on the calling thread's stripe (a served
   // pair then costs no shared atomic), forwarded MRs on heap pages here.
@@ -154,6 +162,8 @@ class Heap {
   // The request (addr, len, domain) is in *out: the hit path wrote it there
   // before it found no usable registration.
   __attribute__((noinline)) int LookupSlow(rdmalloc_keys* out);
+  __attribute__((noinline)) int ServeRegistrationSlow(ibv_pd* pd, const void* addr, size_t len,
+                                                      int access, Served* out);
   __attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
                                                     rdmalloc_keys* out);
   inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
@@ -265,6 +275,39 @@ __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t 
       return RDMALLOC_OK;
   }
   return LookupSlow(out);
+}
+
+// A registered region, a known pd and rights the registration has: read
+// like the lookup (seqlock), then held, then checked again, since the hold
+// must land on the region as it was read and registered.
+__attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, const void* addr,
+                                                                  size_t len, int access,
+                                                                  Served* out) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  int d = regs_.DomainIndex(pd);
+  Region* r = d > 0 && regs_.verbs_chosen() ? store_.Find(a) : nullptr;
+  if (r == nullptr) return ServeRegistrationSlow(pd, addr, len, access, out);
+  uint64_t seq = r->seq.load(std::memory_order_acquire);
+  uintptr_t base = r->begin();
+  size_t size = r->length();
+  RegSlot& s = r->reg[d];
+  uint32_t q = s.seq.load(std::memory_order_acquire);
+  if ((seq & 1) && a - base < size && len <= size - (a - base) && !(q & 1) &&
+      s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered &&
+      (access & ~s.access.load(std::memory_order_relaxed)) == 0) {
+    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
+    uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+    out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
+    out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
+    out->region_mr = static_cast<const ibv_mr*>(s.mr.load(std::memory_order_relaxed));
+    out->region = r;
+    if (store_.Hold(r)) {
+      if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq)
+        return RDMALLOC_OK;
+      DropHold(r);
+    }
+  }
+  return ServeRegistrationSlow(pd, addr, len, access, out);
 }
 
 }  // namespace rdmalloc

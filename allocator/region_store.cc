@@ -291,20 +291,10 @@ void RegionStore::CountHeldLocked(Shard& s) {
   }
 }
 
-// No shard lock: a served ibv_reg_mr/ibv_dereg_mr pair costs two atomics
-// here. See Region::mr_holds for why no release can pass a hold unseen.
-bool RegionStore::Hold(Region* r) {
-  r->mr_holds.fetch_add(1);
-  if (!r->closing.load() && (r->seq.load() & 1)) return true;
-  r->mr_holds.fetch_sub(1);  // being released, or gone: a release that saw us gave up
-  return false;
-}
-
-RegionStore::Gave RegionStore::Drop(Region* r) {
-  if (r->mr_holds.fetch_sub(1) > 1) return Gave::kInUse;
-  // Not empty: whoever empties it decides (Give reads the holds after it
-  // sets `kept`, and this reads `kept` after the holds fell to 0).
-  if (!r->kept.load()) return Gave::kInUse;
+// The last hold of an empty region went. Hold and Drop take no shard lock: a served
+// ibv_reg_mr/ibv_dereg_mr pair costs two atomics there. See Region::mr_holds
+// for why no release can pass a hold unseen.
+RegionStore::Gave RegionStore::DropLast(Region* r) {
   Shard& s = shards_[r->shard];
   SpinLockGuard g(s.lock);
   // In use again, released meanwhile, or within the bound.

@@ -72,8 +72,20 @@ class RegionStore {
   // fails if r is no longer live. Drop returns kEmpty if r, empty and past
   // the retention bound, was kept only for its holds: it is then the
   // caller's to release.
-  bool Hold(Region* r);
-  Gave Drop(Region* r);
+  // Inline: a served MR takes and drops one on its registration's path.
+  __attribute__((always_inline)) bool Hold(Region* r) {
+    r->mr_holds.fetch_add(1);
+    if (!r->closing.load() && (r->seq.load() & 1)) return true;
+    r->mr_holds.fetch_sub(1);  // being released, or gone: a release that saw us gave up
+    return false;
+  }
+  __attribute__((always_inline)) Gave Drop(Region* r) {
+    if (r->mr_holds.fetch_sub(1) > 1) return Gave::kInUse;
+    // Not empty: whoever empties it decides (Give reads the holds after it
+    // sets `kept`, and this reads `kept` after the holds fell to 0).
+    if (!r->kept.load()) return Gave::kInUse;
+    return DropLast(r);
+  }
   // Releases put off because memory registrations held the region: an empty
   // region kept past RDMALLOC_RETAIN, or skipped by a purge or trim.
   uint64_t releases_held() const { return releases_held_.load(std::memory_order_relaxed); }
@@ -136,6 +148,7 @@ class RegionStore {
   void ResetAfterFork();
 
  private:
+  Gave DropLast(Region* r);
   struct alignas(64) Shard {
     SpinLock lock{LockRank::kHeap};
     Region* regions = nullptr;  // by address

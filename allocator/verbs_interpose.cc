@@ -108,6 +108,11 @@ struct MrRecord {
   Region** held;  // inline_held, or an mmap'd array of held_bytes
   size_t held_bytes;
   MrRecord* next_free;
+  // The first record of a batch on the shared free list: the batch's last
+  // record, its size, and the next batch.
+  MrRecord* batch_tail;
+  unsigned batch_size;
+  MrRecord* next_batch;
 };
 enum : int { kRecordFree = 0, kRecordServed = 1, kRecordForwarded = 2 };
 
@@ -117,8 +122,9 @@ constexpr size_t kRecordsPerChunk = 4096;
 constexpr size_t kMaxChunks = 256;
 
 // Free records a thread holds, so that a register/deregister pair takes no
-// lock: taken from the shared list kBatch at a time, and given back to its
-// tail kBatch at a time. A thread's records go back when it exits.
+// lock: taken from the shared list a batch (kBatch, or what an exiting
+// thread gave back) at a time, and given back to its tail kBatch at a time,
+// both without walking the records. A thread's records go back when it exits.
 constexpr unsigned kBatch = 32;
 struct RecordList {
   MrRecord* head = nullptr;
@@ -223,11 +229,18 @@ class MrTable {
   };
   bool Refill(ThreadRecords& t);
   void GiveBatch(RecordList* list) {
-    SpinLockGuard g(lock_);
-    if (free_tail_ != nullptr) free_tail_->next_free = list->head;
-    else free_head_ = list->head;
-    free_tail_ = list->tail;
+    MrRecord* head = list->head;
+    head->batch_tail = list->tail;
+    head->batch_size = list->n;
+    head->next_batch = nullptr;
     *list = RecordList();
+    SpinLockGuard g(lock_);
+    AppendBatchLocked(head);
+  }
+  void AppendBatchLocked(MrRecord* head) {
+    if (free_tail_ != nullptr) free_tail_->next_batch = head;
+    else free_head_ = head;
+    free_tail_ = head;
   }
   size_t Slot(const ibv_mr* mr) const {
     uint64_t h = reinterpret_cast<uintptr_t>(mr) * 0x9E3779B97F4A7C15ull;
@@ -259,18 +272,21 @@ class MrTable {
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return false;
     auto* recs = static_cast<MrRecord*>(mem);
-    for (size_t i = 0; i < kRecordsPerChunk; i++) {
-      recs[i].next_free = i + 1 < kRecordsPerChunk ? &recs[i + 1] : nullptr;
+    static_assert(kRecordsPerChunk % kBatch == 0, "a chunk is whole batches");
+    for (size_t b = 0; b < kRecordsPerChunk; b += kBatch) {
+      for (size_t i = b; i < b + kBatch; i++)
+        recs[i].next_free = i + 1 < b + kBatch ? &recs[i + 1] : nullptr;
+      recs[b].batch_tail = &recs[b + kBatch - 1];
+      recs[b].batch_size = kBatch;
+      AppendBatchLocked(&recs[b]);
     }
-    free_head_ = recs;
-    free_tail_ = &recs[kRecordsPerChunk - 1];
     chunk_[n].store(recs, std::memory_order_release);
     chunks_.store(n + 1, std::memory_order_release);
     return true;
   }
 
   SpinLock lock_{LockRank::kMrTable};
-  MrRecord* free_head_ = nullptr;
+  MrRecord* free_head_ = nullptr;  // first and last batch
   MrRecord* free_tail_ = nullptr;
   std::atomic<MrRecord*> chunk_[kMaxChunks] = {};
   std::atomic<size_t> chunks_{0};
@@ -295,24 +311,19 @@ bool MrTable::Refill(ThreadRecords& t) {
   }
   SpinLockGuard g(lock_);
   if (free_head_ == nullptr && !Grow()) return false;
-  t.taken.head = free_head_;
-  MrRecord* last = free_head_;
-  unsigned n = 1;
-  while (n < kBatch && last->next_free != nullptr) {
-    last = last->next_free;
-    n++;
-  }
-  free_head_ = last->next_free;
+  MrRecord* batch = free_head_;
+  free_head_ = batch->next_batch;
   if (free_head_ == nullptr) free_tail_ = nullptr;
-  last->next_free = nullptr;
-  t.taken.tail = last;  // Take pops from the head: it stays the tail
-  t.taken.n = n;
+  t.taken.head = batch;
+  t.taken.tail = batch->batch_tail;  // Take pops from the head: it stays the tail
+  t.taken.n = batch->batch_size;
   return true;
 }
 
-void InstallForkHandlersOnce() {
-  static std::atomic<bool> done{false};
-  if (done.load(std::memory_order_acquire) || done.exchange(true)) return;
+std::atomic<bool> g_fork_handlers_installed{false};
+
+__attribute__((noinline)) void InstallForkHandlersOnce() {
+  if (g_fork_handlers_installed.exchange(true)) return;
   ForkHandlers fork;
   fork.prepare = [] { g_table.lock().Lock(); };
   fork.parent = [] { g_table.lock().Unlock(); };
@@ -359,42 +370,44 @@ bool Servable(unsigned access, uint64_t iova, const void* addr) {
   return iova == reinterpret_cast<uintptr_t>(addr);
 }
 
-// rec, holding `region` alone, describes a served MR on [addr, addr+length).
+// rec, holding the served region alone, describes a served MR on
+// [addr, addr+length).
 void FillServed(MrRecord* rec, ibv_pd* pd, void* addr, size_t length, unsigned access,
-                const rdmalloc_keys& keys, Region* region) {
-  memset(&rec->mr, 0, sizeof rec->mr);
+                const Heap::Served& served) {
   rec->mr.context = pd->context;
   rec->mr.pd = pd;
   rec->mr.addr = addr;
   rec->mr.length = length;
-  rec->mr.handle = keys.mr != nullptr ? keys.mr->handle : 0;
-  rec->mr.lkey = keys.lkey;
-  rec->mr.rkey = keys.rkey;
+  rec->mr.handle = served.region_mr != nullptr ? served.region_mr->handle : 0;
+  rec->mr.lkey = served.lkey;
+  rec->mr.rkey = served.rkey;
   rec->mr_type = 0;
   rec->access = static_cast<int>(access);
   rec->nheld = 1;
-  rec->inline_held[0] = region;
+  rec->inline_held[0] = served.region;
 }
 
-// A served MR, or nullptr (then the caller forwards).
-ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length, unsigned access, uint64_t iova) {
+// A served MR, or nullptr (then the caller forwards). Inline in the
+// exported entry points, as is DeregServed: a served pair is two calls from
+// the program and few more (each call and return is a costly indirect jump
+// under emulation).
+__attribute__((always_inline)) inline ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length, unsigned access, uint64_t iova) {
   if (!TheHeap().config().interpose || pd == nullptr || length == 0 ||
       !Servable(access, iova, addr))
     return nullptr;
-  rdmalloc_keys keys;
-  Region* region = nullptr;
+  Heap::Served served;
   int servable_rights = static_cast<int>(access & kServableRights);
-  if (TheHeap().ServeRegistration(pd, addr, length, servable_rights, &keys, &region) != RDMALLOC_OK)
+  if (TheHeap().ServeRegistration(pd, addr, length, servable_rights, &served) != RDMALLOC_OK)
     return nullptr;
   MrRecord* rec = g_table.Take();
   if (rec == nullptr) {
-    TheHeap().DropHold(region);
+    TheHeap().DropHold(served.region);
     return nullptr;
   }
   rec->real = nullptr;
   rec->held = rec->inline_held;
   rec->held_bytes = 0;
-  FillServed(rec, pd, addr, length, access, keys, region);
+  FillServed(rec, pd, addr, length, access, served);
   rec->state.store(kRecordServed, std::memory_order_release);
   TheHeap().CountServed();
   return &rec->mr;
@@ -427,9 +440,9 @@ void TrackForwarded(ibv_mr* mr, const void* addr, size_t length) {
   TheHeap().forwarded_on_heap().fetch_add(1, std::memory_order_relaxed);
 }
 
-void Begin() {
+inline void Begin() {
   EnsureInitialised();
-  InstallForkHandlersOnce();
+  if (!g_fork_handlers_installed.load(std::memory_order_acquire)) InstallForkHandlersOnce();
 }
 
 // libibverbs' ibv_reg_mr and ibv_reg_mr_iova only call ibv_reg_mr_iova2
@@ -452,7 +465,7 @@ ibv_mr* Forward(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned a
   return mr;
 }
 
-int DeregServed(MrRecord* rec) {
+__attribute__((always_inline)) inline int DeregServed(MrRecord* rec) {
   int expected = kRecordServed;
   // Two threads deregistering one MR: one wins, the other sees EINVAL.
   if (!rec->state.compare_exchange_strong(expected, kRecordFree)) return errno = EINVAL;
@@ -463,7 +476,12 @@ int DeregServed(MrRecord* rec) {
       return rc;
     }
   }
-  DropHolds(rec);
+  if (rec->nheld == 1 && rec->held_bytes == 0) {
+    TheHeap().DropHold(rec->inline_held[0]);
+    rec->nheld = 0;
+  } else {
+    DropHolds(rec);
+  }
   TheHeap().CountServedGone();
   g_table.Give(rec);
   return 0;
@@ -509,13 +527,12 @@ int ReregServed(MrRecord* rec, int flags, ibv_pd* pd, void* addr, size_t length,
     if (rc != 0) return rc;
   } else if (TheHeap().config().interpose && new_pd != nullptr &&
              Servable(new_access, reinterpret_cast<uintptr_t>(new_addr), new_addr)) {
-    rdmalloc_keys keys;
-    Region* region = nullptr;
+    Heap::Served served;
     if (TheHeap().ServeRegistration(new_pd, new_addr, new_length,
-                                    static_cast<int>(new_access & kServableRights), &keys,
-                                    &region) == RDMALLOC_OK) {
+                                    static_cast<int>(new_access & kServableRights),
+                                    &served) == RDMALLOC_OK) {
       DropHolds(rec);
-      FillServed(rec, new_pd, new_addr, new_length, new_access, keys, region);
+      FillServed(rec, new_pd, new_addr, new_length, new_access, served);
       return 0;
     }
   }

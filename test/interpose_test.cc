@@ -315,6 +315,29 @@ void ExpectHeldUntilDereg(ibv_mr* mr, void* p, size_t len) {
 // its batch back. Were it lost, 40000 short-lived threads would strand more
 // records than the table can ever hold (256 x 4096), and the later ones'
 // registrations would be forwarded.
+// A deregistered MR object goes to the back of the free records (batches
+// are taken from the front), so a stale second ibv_dereg_mr keeps finding it
+// free, and failing, for thousands of registrations.
+TEST_F(Interpose, AFreedMrObjectIsReusedLast) {
+  if (!Interposing()) GTEST_SKIP() << "RDMALLOC_INTERPOSE=0: see EverythingForwardedWhenOff";
+  ibv_pd* pd = TheFake().pd;
+  void* p = malloc(4096);
+  ibv_mr* stale = ibv_reg_mr(pd, p, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(stale, nullptr);
+  ASSERT_EQ(ibv_dereg_mr(stale), 0);
+  const int kPairs = 3000;
+  int reused_at = -1;
+  for (int i = 0; i < kPairs && reused_at < 0; i++) {
+    ibv_mr* mr = ibv_reg_mr(pd, p, 4096, IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_NE(mr, nullptr);
+    if (mr == stale) reused_at = i;
+    ASSERT_EQ(ibv_dereg_mr(mr), 0);
+  }
+  EXPECT_EQ(reused_at, -1) << "a freed MR object came back after " << reused_at << " pairs";
+  EXPECT_EQ(ibv_dereg_mr(stale), EINVAL);
+  free(p);
+}
+
 TEST_F(Interpose, ThreadsGiveTheirMrRecordsBackWhenTheyExit) {
   if (!Interposing()) GTEST_SKIP() << "RDMALLOC_INTERPOSE=0: see EverythingForwardedWhenOff";
   ibv_pd* pd = TheFake().pd;
