@@ -69,6 +69,12 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
       Unlock(r);
     }
   }
+  // Retained pages do not add to the peak: as many as this extent will
+  // fault in are purged elsewhere (unregistered, unheld, never waiting, never
+  // under observers), since the request could not use them. Only for large
+  // extents, where the scan of the regions is cheap beside the faults.
+  if (e.new_pages >= kMatchedNewPages && store_.retained_bytes() != 0 && !release_.observed())
+    PurgeFreePages(uint64_t{e.new_pages} << kPageShift, /*may_wait=*/false);
   // Freed pages of a registered region are never purged, so they may hold
   // old bytes; jemalloc asked for zeroes or is told the truth.
   if (*zero && e.dirty) memset(e.addr, 0, size);
@@ -121,7 +127,7 @@ uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait) {
     if (!(seq & 1) || r->registrations.load() != 0) continue;
     if (may_wait) r->reg_lock.Lock();
     else if (!r->reg_lock.TryLock()) continue;
-    if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq);
+    if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq, budget - purged);
     Unlock(r);
   }
   return purged;

@@ -50,6 +50,9 @@ class Heap {
   // loop over large blocks reuses within milliseconds; at 1 s, mstress kept
   // 1.08-1.21x jemalloc's peak RSS, at 100 ms 1.02-1.05x.
   static constexpr uint64_t kIdleEpochNs = 100 * 1000 * 1000;
+  // An extent that faults in at least this many new pages gives back as
+  // many retained ones: what rdmalloc keeps then never raises the peak RSS.
+  static constexpr size_t kMatchedNewPages = (size_t{2} << 20) >> kPageShift;
 
   constexpr Heap() = default;
   Heap(const Heap&) = delete;

@@ -58,7 +58,7 @@ class PageMap {
   // Calls purge(first, n) for each run of free dirty pages; the runs it
   // purged (it returns true) read as zero again. Returns the pages purged.
   template <typename Purge>
-  size_t PurgeDirtyFree(Purge purge);
+  size_t PurgeDirtyFree(Purge purge, size_t max_pages = SIZE_MAX);
 
  private:
   // The first page at or after p that is used (or free); npages() if none.
@@ -78,15 +78,15 @@ class PageMap {
 };
 
 template <typename Purge>
-size_t PageMap::PurgeDirtyFree(Purge purge) {
+size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages) {
   size_t purged = 0;
-  for (size_t p = 0; p < npages_ && dirty_free_pages_ > 0;) {
+  for (size_t p = 0; p < npages_ && dirty_free_pages_ > 0 && purged < max_pages;) {
     if (!DirtyFree(p)) {
       p++;
       continue;
     }
     size_t end = p + 1;
-    while (end < npages_ && DirtyFree(end)) end++;
+    while (end < npages_ && end - p < max_pages - purged && DirtyFree(end)) end++;
     if (purge(p, end - p)) {
       SetRange(dirty_, p, end - p, false);
       dirty_free_pages_ -= end - p;

@@ -61,7 +61,7 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
     first = (a - c->begin()) >> kPageShift;
     if ((c->seq.load() & 1) && c->pages.IsFree(first, n)) {
       r = c;
-      TakePagesLocked(s, r, first, n, &dirty);
+      out->new_pages = n - TakePagesLocked(s, r, first, n, &dirty);
     }
     s.lock.Unlock();
     if (r == nullptr) return false;
@@ -98,12 +98,13 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
         }
       }
     }
-    if (r != nullptr) TakePagesLocked(s, r, first, n, &dirty);
+    if (r != nullptr) out->new_pages = n - TakePagesLocked(s, r, first, n, &dirty);
     s.lock.Unlock();
     if (r == nullptr) {
       r = NewRegion(shard, size, alignment, access_class);
       if (r == nullptr) return false;
       out->fresh = true;
+      out->new_pages = n;
     }
   }
   out->region = r;
@@ -212,12 +213,13 @@ uint64_t RegionStore::EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns) {
   return idle < retained ? idle : retained;
 }
 
-void RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty) {
+size_t RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty) {
   size_t dirty_pages = r->pages.Take(first, n);
   *dirty = dirty_pages != 0;
   Unretain(dirty_pages);
   s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
   r->kept.store(false, std::memory_order_relaxed);
+  return r->registrations.load(std::memory_order_relaxed) > 0 ? n : dirty_pages;
 }
 
 // A kept dedicated region for a request of `size`: large enough, not more
@@ -330,15 +332,18 @@ Region* RegionStore::TakeKept() {
   return nullptr;
 }
 
-size_t RegionStore::PurgeFree(Region* r, uint64_t seq) {
+size_t RegionStore::PurgeFree(Region* r, uint64_t seq, size_t max_bytes) {
   Shard& s = shards_[r->shard.load(std::memory_order_relaxed)];
   SpinLockGuard g(s.lock);
   // The same life of the descriptor, so also the shard just locked.
   if (r->seq.load() != seq || !(seq & 1) || r->mr_holds.load() > 0) return 0;
-  size_t purged = r->pages.PurgeDirtyFree([r](size_t first, size_t n) {
-    return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)), n << kPageShift,
-                   MADV_DONTNEED) == 0;
-  });
+  size_t max_pages = max_bytes == SIZE_MAX ? SIZE_MAX : (max_bytes + kPageSize - 1) >> kPageShift;
+  size_t purged = r->pages.PurgeDirtyFree(
+      [r](size_t first, size_t n) {
+        return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)),
+                       n << kPageShift, MADV_DONTNEED) == 0;
+      },
+      max_pages);
   Unretain(purged);
   return purged << kPageShift;
 }

@@ -53,6 +53,7 @@ class RegionStore {
     void* addr = nullptr;
     bool dirty = false;  // some page may hold old bytes
     bool fresh = false;  // in a region made for it (the caller may register it)
+    size_t new_pages = 0;  // pages the extent's first touch will fault in
   };
   // Pages for an extent of `arena`'s `access_class`: the fullest region of the
   // shard that fits, or a new region. With new_addr, exactly those pages
@@ -112,8 +113,9 @@ class RegionStore {
   Region* TakeKept();
   // Purges r's free pages that are still resident; r->reg_lock held and r
   // not registered. `seq` is r->seq as the caller found it live: if r was
-  // released and made anew since, nothing is purged. Returns the bytes purged.
-  size_t PurgeFree(Region* r, uint64_t seq);
+  // released and made anew since, nothing is purged. At most about
+  // max_bytes (whole pages, lowest first). Returns the bytes purged.
+  size_t PurgeFree(Region* r, uint64_t seq, size_t max_bytes = SIZE_MAX);
   // Unmaps an empty region handed out by Give and recycles its descriptor.
   void Unmap(Region* r);
 
@@ -162,7 +164,8 @@ class RegionStore {
   void LockShard(Shard& s);
   Region* NewRegion(unsigned shard, size_t size, size_t alignment, unsigned access_class);
   // With the shard locked: pages of r taken / given, r unlisted.
-  void TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
+  // Returns how many of the pages were resident (or pinned: all of them).
+  size_t TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
   void UnlistLocked(Shard& s, Region* r);
   // Fewer pages retained: the epoch's floor follows them down.
   void Unretain(uint64_t pages);
