@@ -351,7 +351,7 @@ bool HoldPages(MrRecord* rec, const void* addr, size_t len) {
   return true;
 }
 
-void DropHolds(MrRecord* rec) {
+inline void DropHolds(MrRecord* rec) {
   for (size_t i = 0; i < rec->nheld; i++) TheHeap().DropHold(rec->held[i]);
   if (rec->held_bytes != 0) munmap(rec->held, rec->held_bytes);
   rec->nheld = 0;
@@ -476,12 +476,7 @@ __attribute__((always_inline)) inline int DeregServed(MrRecord* rec) {
       return rc;
     }
   }
-  if (rec->nheld == 1 && rec->held_bytes == 0) {
-    TheHeap().DropHold(rec->inline_held[0]);
-    rec->nheld = 0;
-  } else {
-    DropHolds(rec);
-  }
+  DropHolds(rec);
   TheHeap().CountServedGone();
   g_table.Give(rec);
   return 0;
