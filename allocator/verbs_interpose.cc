@@ -384,6 +384,8 @@ void FillServed(MrRecord* rec, ibv_pd* pd, void* addr, size_t length, unsigned a
   rec->mr_type = 0;
   rec->access = static_cast<int>(access);
   rec->nheld = 1;
+  rec->held = rec->inline_held;
+  rec->held_bytes = 0;
   rec->inline_held[0] = served.region;
 }
 
@@ -391,7 +393,8 @@ void FillServed(MrRecord* rec, ibv_pd* pd, void* addr, size_t length, unsigned a
 // exported entry points, as is DeregServed: a served pair is two calls from
 // the program and few more (each call and return is a costly indirect jump
 // under emulation).
-__attribute__((always_inline)) inline ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length, unsigned access, uint64_t iova) {
+__attribute__((always_inline)) inline ibv_mr* Serve(ibv_pd* pd, void* addr, size_t length,
+                                                    unsigned access, uint64_t iova) {
   if (!TheHeap().config().interpose || pd == nullptr || length == 0 ||
       !Servable(access, iova, addr))
     return nullptr;
@@ -405,8 +408,6 @@ __attribute__((always_inline)) inline ibv_mr* Serve(ibv_pd* pd, void* addr, size
     return nullptr;
   }
   rec->real = nullptr;
-  rec->held = rec->inline_held;
-  rec->held_bytes = 0;
   FillServed(rec, pd, addr, length, access, served);
   rec->state.store(kRecordServed, std::memory_order_release);
   TheHeap().CountServed();

@@ -311,10 +311,6 @@ void ExpectHeldUntilDereg(ibv_mr* mr, void* p, size_t len) {
   EXPECT_EQ(rdmalloc_owns(p, len), 0) << "the region stayed after its last MR went";
 }
 
-// Each thread takes MR records a batch at a time; an exiting thread gives
-// its batch back. Were it lost, 40000 short-lived threads would strand more
-// records than the table can ever hold (256 x 4096), and the later ones'
-// registrations would be forwarded.
 // A deregistered MR object goes to the back of the free records (batches
 // are taken from the front), so a stale second ibv_dereg_mr keeps finding it
 // free, and failing, for thousands of registrations.
@@ -338,6 +334,10 @@ TEST_F(Interpose, AFreedMrObjectIsReusedLast) {
   free(p);
 }
 
+// Each thread takes MR records a batch at a time; an exiting thread gives
+// its batch back. Were it lost, 40000 short-lived threads would strand more
+// records than the table can ever hold (256 x 4096), and the later ones'
+// registrations would be forwarded.
 TEST_F(Interpose, ThreadsGiveTheirMrRecordsBackWhenTheyExit) {
   if (!Interposing()) GTEST_SKIP() << "RDMALLOC_INTERPOSE=0: see EverythingForwardedWhenOff";
   ibv_pd* pd = TheFake().pd;
