@@ -288,10 +288,15 @@ TEST(GlibcCompat, MallocTrimGivesBackUnusedHeapButNeverRegisteredPages) {
 // notes the first ranges it hears of.
 struct SlowObserver {
   std::atomic<bool> go{false};
+  std::atomic<bool> goodbye{false};  // the last call, fn(NULL, 0, arg), came
   std::atomic<int> calls{0};
   std::atomic<uintptr_t> begin[16], end[16];
   static void Callback(void* addr, size_t len, void* arg) {
     auto* self = static_cast<SlowObserver*>(arg);
+    if (addr == nullptr) {
+      self->goodbye = true;
+      return;
+    }
     double deadline = NowSeconds() + 5;
     while (!self->go.load() && NowSeconds() < deadline) usleep(1000);
     int i = self->calls.load();
@@ -325,7 +330,14 @@ TEST(GlibcCompat, MallocTrimDoesNotWaitForReleaseCallbacks) {
   for (double deadline = NowSeconds() + 10; !observer.Heard(big) && NowSeconds() < deadline;) usleep(1000);
   EXPECT_LT(took, 2.0) << "malloc_trim waited for the release callback";
   EXPECT_TRUE(observer.Heard(big)) << "the region was not released; " << observer.calls << " releases heard";
-  EXPECT_EQ(rdmalloc_on_release_remove(SlowObserver::Callback, &observer), RDMALLOC_OK);
+  ASSERT_EQ(rdmalloc_on_release_remove(SlowObserver::Callback, &observer), RDMALLOC_OK);
+  // observer lives on this stack frame: rdmalloc's last call to it, on the
+  // release thread after removal returns, must come before the frame goes
+  // (it used to write into whatever lived there next: a crash at exit now
+  // and then, in jemalloc's thread-cache flush).
+  for (double deadline = NowSeconds() + 10; !observer.goodbye.load() && NowSeconds() < deadline;)
+    usleep(1000);
+  ASSERT_TRUE(observer.goodbye.load()) << "no last call after rdmalloc_on_release_remove";
 }
 
 TEST(GlibcCompat, Mallinfo2ReportsRdmallocsHeap) {

@@ -1183,15 +1183,17 @@ void* WatchdogMain(void*) {
         kill(c, SIGKILL);
       }
     } else if (phase != kSetup && in_phase > fork_limit) {
-      // A worker inside one operation since before the main thread's phase
-      // began is what the main thread waits on (its check or join needs the
+      // A worker inside one operation for most of the main thread's phase
+      // is what the main thread waits on (its check or join needs the
       // worker, its fork needs the worker's locks): blame the worker,
-      // whichever limit ran out first.
+      // whichever limit ran out first. Most, not all: the worker may have
+      // entered it just after the phase began (a negative control's
+      // injected hang did, now and then, and the main thread was blamed).
       for (int i = 0; i < g_nworkers; i++) {
         Worker& w = g_workers[i];
         int op = w.op.load(std::memory_order_acquire);
         int64_t busy = now - w.heartbeat_ns.load(std::memory_order_relaxed);
-        if (op == kOpDone || op == kOpIdle || busy < in_phase) continue;
+        if (op == kOpDone || op == kOpIdle || 2 * busy < in_phase) continue;
         Line d;
         d << "worker " << w.name << " stuck in " << kOpNames[op];
         d.buf[d.n] = '\0';
