@@ -27,8 +27,11 @@ void ReturnLargeExtentsAtOnce(long decay_ms);
 // The arena that serves access class c (1..7: RDMALLOC_REMOTE_* bits), made on
 // first use; 0 if it cannot be made. Never called from hook context.
 unsigned ClassArena(unsigned access_class);
-// Set once a class arena exists: only then does free() look for class memory.
-extern std::atomic<bool> g_classes_in_use;
+// Set once a class arena exists: only then does a free look for class memory.
+// jemalloc's free paths read it under this name (third_party/jemalloc_rdmalloc.patch).
+extern std::atomic<bool> g_classes_in_use __asm__("rdmj_classes_in_use");
+static_assert(sizeof(std::atomic<bool>) == sizeof(bool) && std::atomic<bool>::is_always_lock_free,
+              "jemalloc reads it as a plain bool");
 
 }  // namespace rdmalloc
 

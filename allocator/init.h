@@ -8,10 +8,15 @@
 
 namespace rdmalloc {
 
-// kForked: a fork child's first malloc or rdmalloc_* call restarts what did
-// not survive fork (the release thread), outside jemalloc and our locks.
+// kForked: a fork child's first allocation or rdmalloc_* call restarts what
+// did not survive fork (the release thread), outside jemalloc and our locks.
 enum : int { kUninitialised = 0, kInitialising = 1, kReady = 2, kForked = 3 };
-extern std::atomic<int> g_init_state;
+// jemalloc's allocation slow path reads it under this name and calls
+// rdmj_start() unless it is kReady (third_party/jemalloc_rdmalloc.patch).
+extern std::atomic<int> g_init_state __asm__("rdmj_init_state");
+static_assert(kReady == 2, "third_party/jemalloc_rdmalloc.patch tests for 2");
+static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free,
+              "jemalloc reads it as a plain int");
 
 void EnsureInitialisedSlow();
 

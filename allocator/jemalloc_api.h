@@ -1,6 +1,8 @@
-// jemalloc's entry points as linked into rdmalloc. The public names (malloc,
-// mallctl, ...) belong to rdmalloc's wrappers; jemalloc's own definitions are
-// renamed to rdmj_* when its archive is imported (see third_party/BUILD.system).
+// jemalloc's entry points as linked into rdmalloc, renamed rdmj_* when its
+// archive is imported (third_party/import_jemalloc.sh). malloc, free, new,
+// delete and a few more keep their public names too: the program calls
+// jemalloc's own fast paths (third_party/jemalloc_entry_points.txt). The rest
+// (realloc, mallctl, ...) belong to rdmalloc's wrappers.
 #ifndef RDMALLOC_ALLOCATOR_JEMALLOC_API_H_
 #define RDMALLOC_ALLOCATOR_JEMALLOC_API_H_
 
@@ -47,6 +49,12 @@ extern const ArenaConfig rdmj_arena_config;
 bool je_base_boot(void* tsdn);
 void* je_b0get();
 extent_hooks_t* je_base_extent_hooks_set(void* base, extent_hooks_t* hooks);
+
+// From third_party/jemalloc_rdmalloc.patch: whether this thread runs inside
+// jemalloc (an extent hook), and every thread's fast paths off (true) or back
+// on (false), which jemalloc counts.
+bool rdmj_in_jemalloc();
+void rdmj_all_slow_paths(bool on);
 
 void* rdmj_malloc(size_t size);
 void* rdmj_calloc(size_t n, size_t size);

@@ -1,9 +1,17 @@
-// The malloc family, C++ new/delete, and jemalloc's mallctl: thin wrappers
-// that make sure rdmalloc's hooks are installed before jemalloc serves the
-// first byte, then tail-call jemalloc; and the access classes' allocation
-// entry points. Frees route class memory past jemalloc's thread caches: a
-// cached class block would otherwise be handed to a plain malloc, putting
-// unrelated data where a peer may read or write it.
+// rdmalloc's start-up, the malloc family's entry points that are not
+// jemalloc's own, and the access classes' allocation entry points.
+//
+// malloc, calloc, free, new, delete, mallocx, dallocx and sdallocx are
+// jemalloc's functions themselves (third_party/jemalloc_entry_points.txt): a
+// wrapper's extra call cost small-block programs a few percent. What a
+// wrapper did moved onto jemalloc's slow paths (third_party/
+// jemalloc_rdmalloc.patch): an allocation there starts rdmalloc (rdmj_start)
+// if it has not started, and every free asks rdmj_class_block() once access
+// classes exist and frees class memory past the thread caches (a cached class
+// block would be handed to a plain malloc, putting unrelated data where a
+// peer may read or write it). realloc, rallocx, the aligned family and
+// mallctl keep wrappers here: glibc's answers, class memory staying in its
+// class, the control guard.
 #include <dlfcn.h>
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
@@ -76,9 +84,12 @@ void WaitForInitialisation() {
     sched_yield();
 }
 
+// The child's next allocation must reach rdmj_start: every fast path is off
+// until the restart (an allocation that finds a thread cache's block would not).
 void ForkChildRestart() {
-  if (g_init_state.load(std::memory_order_relaxed) == kReady)
-    g_init_state.store(kForked, std::memory_order_relaxed);
+  if (g_init_state.load(std::memory_order_relaxed) != kReady) return;
+  g_init_state.store(kForked, std::memory_order_relaxed);
+  rdmj_all_slow_paths(true);
 }
 
 }  // namespace
@@ -94,6 +105,7 @@ void EnsureInitialisedSlow() {
     g_init_thread = pthread_self();
     if (s == kForked) {
       TheHeap().EnsureReleaseThread();
+      rdmj_all_slow_paths(false);
     } else {
       Initialise();
     }
@@ -109,10 +121,24 @@ void EnsureInitialisedSlow() {
 
 using rdmalloc::EnsureInitialised;
 
+// jemalloc's allocation slow path, while rdmalloc is not ready: start it, or
+// restart a fork child, but not from inside jemalloc (an allocation made in an
+// extent hook): the restart starts a thread. The next allocation restarts.
+extern "C" void rdmj_start() {
+  if (rdmalloc::g_init_state.load(std::memory_order_acquire) == rdmalloc::kForked &&
+      rdmj_in_jemalloc())
+    return;
+  rdmalloc::EnsureInitialisedSlow();
+}
+
+extern "C" bool rdmj_class_block(const void* p) {
+  return p != nullptr && rdmalloc::TheHeap().AccessClassOf(p) != 0;
+}
+
 namespace {
 
-// The access class of a block being freed or resized; 0 (plain) for
-// everything while no class arena exists, at the cost of one load.
+// The access class of a block being resized; 0 (plain) for everything while
+// no class arena exists, at the cost of one load.
 inline unsigned ClassOf(const void* p) {
   rdmalloc::witness::CallingJemalloc();
   if (__builtin_expect(!rdmalloc::g_classes_in_use.load(std::memory_order_relaxed), 1) ||
@@ -128,9 +154,6 @@ constexpr unsigned kKnownClassFlags = RDMALLOC_REMOTE_READ | RDMALLOC_REMOTE_WRI
 constexpr int kTcacheBits = 0xfff << 8;
 constexpr int kArenaBits = ~((1 << 20) - 1);
 
-// Class memory never goes through a thread cache, whatever the caller asked.
-int WithoutTcache(int flags) { return (flags & ~kTcacheBits) | MALLOCX_TCACHE_NONE; }
-
 // mallocx flags serving access class c, or -1 (errno set) if its arena cannot be had.
 int ClassFlags(unsigned c) {
   unsigned arena = rdmalloc::ClassArena(c);
@@ -143,14 +166,32 @@ int ClassFlags(unsigned c) {
 
 }  // namespace
 
-RDMALLOC_EXPORT void* malloc(size_t size) {
-  EnsureInitialised();
-  return rdmj_malloc(size);
+#ifdef RDMALLOC_WITNESS
+// Witness builds check every entry into jemalloc: its caller holds no lock
+// ranked above jemalloc's. These wrappers override the weak aliases that
+// import_jemalloc.sh gives jemalloc's own functions.
+#define RDMALLOC_WITNESSED(result, signature, call)                          \
+  __attribute__((visibility("default"))) result signature {                 \
+    rdmalloc::witness::CallingJemalloc();                                    \
+    return call;                                                             \
+  }
+extern "C" {
+RDMALLOC_WITNESSED(void*, malloc(size_t n), rdmj_malloc(n))
+RDMALLOC_WITNESSED(void*, calloc(size_t n, size_t size), rdmj_calloc(n, size))
+RDMALLOC_WITNESSED(void, free(void* p), rdmj_free(p))
+RDMALLOC_WITNESSED(void*, mallocx(size_t n, int flags), rdmj_mallocx(n, flags))
+RDMALLOC_WITNESSED(void, dallocx(void* p, int flags), rdmj_dallocx(p, flags))
+RDMALLOC_WITNESSED(void, sdallocx(void* p, size_t n, int flags), rdmj_sdallocx(p, n, flags))
 }
 // This copy's malloc: taking &malloc would give whichever malloc the
 // process bound, since malloc is exported and preemptible.
 extern "C" void* rdmalloc_own_malloc(size_t)
     __attribute__((alias("malloc"), copy(malloc), visibility("hidden")));
+#else
+// This copy's malloc, jemalloc's under its own name: &malloc would give
+// whichever malloc the process bound, since malloc is exported and preemptible.
+extern "C" void* rdmalloc_own_malloc(size_t) __asm__("rdmj_malloc");
+#endif
 
 namespace rdmalloc {
 namespace {
@@ -193,10 +234,6 @@ __attribute__((constructor)) void NoteAnotherMalloc() {
 }  // namespace
 }  // namespace rdmalloc
 
-RDMALLOC_EXPORT void* calloc(size_t n, size_t size) {
-  EnsureInitialised();
-  return rdmj_calloc(n, size);
-}
 RDMALLOC_EXPORT void* realloc(void* p, size_t size) {
   EnsureInitialised();
   if (unsigned c = ClassOf(p)) {
@@ -212,18 +249,6 @@ RDMALLOC_EXPORT void* realloc(void* p, size_t size) {
     return q;
   }
   return rdmj_realloc(p, size);
-}
-RDMALLOC_EXPORT void free(void* p) {
-  if (ClassOf(p) != 0) return rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
-  rdmj_free(p);
-}
-RDMALLOC_EXPORT void dallocx(void* p, int flags) {
-  if (ClassOf(p) != 0) flags = WithoutTcache(flags);
-  rdmj_dallocx(p, flags);
-}
-RDMALLOC_EXPORT void sdallocx(void* p, size_t size, int flags) {
-  if (ClassOf(p) != 0) flags = WithoutTcache(flags);
-  rdmj_sdallocx(p, size, flags);
 }
 
 RDMALLOC_EXPORT void* rdmalloc_alloc(size_t size, unsigned flags) {
@@ -316,10 +341,6 @@ RDMALLOC_EXPORT void* pvalloc(size_t size) {
   }
   return OrEnomem(rdmj_memalign(page, rounded == 0 ? page : rounded));
 }
-RDMALLOC_EXPORT void* mallocx(size_t size, int flags) {
-  EnsureInitialised();
-  return rdmj_mallocx(size, flags);
-}
 RDMALLOC_EXPORT void* rallocx(void* p, size_t size, int flags) {
   EnsureInitialised();
   if (unsigned c = ClassOf(p)) {
@@ -345,7 +366,8 @@ RDMALLOC_EXPORT int mallctlbymib(const size_t* mib, size_t miblen, void* oldp, s
   return rdmalloc::ControlMallctlByMib(mib, miblen, oldp, oldlenp, newp, newlen);
 }
 
-// C++ allocation: jemalloc's operator new is renamed like malloc.
+#ifdef RDMALLOC_WITNESS
+// C++ new and delete, checked like malloc and free in witness builds.
 extern "C" {
 void* rdmj__Znwm(size_t);
 void* rdmj__Znam(size_t);
@@ -357,47 +379,6 @@ void* rdmj__ZnwmSt11align_val_tRKSt9nothrow_t(size_t, std::align_val_t,
                                                const std::nothrow_t&) noexcept;
 void* rdmj__ZnamSt11align_val_tRKSt9nothrow_t(size_t, std::align_val_t,
                                                const std::nothrow_t&) noexcept;
-}
-
-__attribute__((visibility("default"))) void* operator new(size_t n) {
-  EnsureInitialised();
-  return rdmj__Znwm(n);
-}
-__attribute__((visibility("default"))) void* operator new[](size_t n) {
-  EnsureInitialised();
-  return rdmj__Znam(n);
-}
-__attribute__((visibility("default"))) void* operator new(size_t n,
-                                                          const std::nothrow_t& t) noexcept {
-  EnsureInitialised();
-  return rdmj__ZnwmRKSt9nothrow_t(n, t);
-}
-__attribute__((visibility("default"))) void* operator new[](size_t n,
-                                                            const std::nothrow_t& t) noexcept {
-  EnsureInitialised();
-  return rdmj__ZnamRKSt9nothrow_t(n, t);
-}
-__attribute__((visibility("default"))) void* operator new(size_t n, std::align_val_t a) {
-  EnsureInitialised();
-  return rdmj__ZnwmSt11align_val_t(n, a);
-}
-__attribute__((visibility("default"))) void* operator new[](size_t n, std::align_val_t a) {
-  EnsureInitialised();
-  return rdmj__ZnamSt11align_val_t(n, a);
-}
-__attribute__((visibility("default"))) void* operator new(size_t n, std::align_val_t a,
-                                                          const std::nothrow_t& t) noexcept {
-  EnsureInitialised();
-  return rdmj__ZnwmSt11align_val_tRKSt9nothrow_t(n, a, t);
-}
-__attribute__((visibility("default"))) void* operator new[](size_t n, std::align_val_t a,
-                                                            const std::nothrow_t& t) noexcept {
-  EnsureInitialised();
-  return rdmj__ZnamSt11align_val_tRKSt9nothrow_t(n, a, t);
-}
-
-// C++ delete: jemalloc's are renamed like free; class memory skips the tcache.
-extern "C" {
 void rdmj__ZdlPv(void*) noexcept;
 void rdmj__ZdaPv(void*) noexcept;
 void rdmj__ZdlPvm(void*, size_t) noexcept;
@@ -413,25 +394,40 @@ void rdmj__ZdlPvSt11align_val_tRKSt9nothrow_t(void*, std::align_val_t,
 void rdmj__ZdaPvSt11align_val_tRKSt9nothrow_t(void*, std::align_val_t,
                                               const std::nothrow_t&) noexcept;
 }
-
-#define RDMALLOC_DELETE(signature, call)                                  \
-  __attribute__((visibility("default"))) void operator signature noexcept { \
-    if (ClassOf(p) != 0) return rdmj_dallocx(p, MALLOCX_TCACHE_NONE);      \
-    call;                                                                  \
-  }
-RDMALLOC_DELETE(delete(void* p), rdmj__ZdlPv(p))
-RDMALLOC_DELETE(delete[](void* p), rdmj__ZdaPv(p))
-RDMALLOC_DELETE(delete(void* p, size_t n), rdmj__ZdlPvm(p, n))
-RDMALLOC_DELETE(delete[](void* p, size_t n), rdmj__ZdaPvm(p, n))
-RDMALLOC_DELETE(delete(void* p, const std::nothrow_t& t), rdmj__ZdlPvRKSt9nothrow_t(p, t))
-RDMALLOC_DELETE(delete[](void* p, const std::nothrow_t& t), rdmj__ZdaPvRKSt9nothrow_t(p, t))
-RDMALLOC_DELETE(delete(void* p, std::align_val_t a), rdmj__ZdlPvSt11align_val_t(p, a))
-RDMALLOC_DELETE(delete[](void* p, std::align_val_t a), rdmj__ZdaPvSt11align_val_t(p, a))
-RDMALLOC_DELETE(delete(void* p, size_t n, std::align_val_t a), rdmj__ZdlPvmSt11align_val_t(p, n, a))
-RDMALLOC_DELETE(delete[](void* p, size_t n, std::align_val_t a),
-                rdmj__ZdaPvmSt11align_val_t(p, n, a))
-RDMALLOC_DELETE(delete(void* p, std::align_val_t a, const std::nothrow_t& t),
-                rdmj__ZdlPvSt11align_val_tRKSt9nothrow_t(p, a, t))
-RDMALLOC_DELETE(delete[](void* p, std::align_val_t a, const std::nothrow_t& t),
-                rdmj__ZdaPvSt11align_val_tRKSt9nothrow_t(p, a, t))
-#undef RDMALLOC_DELETE
+using std::align_val_t;
+using std::nothrow_t;
+RDMALLOC_WITNESSED(void*, operator new(size_t n), rdmj__Znwm(n))
+RDMALLOC_WITNESSED(void*, operator new[](size_t n), rdmj__Znam(n))
+RDMALLOC_WITNESSED(void*, operator new(size_t n, const nothrow_t& t) noexcept,
+                   rdmj__ZnwmRKSt9nothrow_t(n, t))
+RDMALLOC_WITNESSED(void*, operator new[](size_t n, const nothrow_t& t) noexcept,
+                   rdmj__ZnamRKSt9nothrow_t(n, t))
+RDMALLOC_WITNESSED(void*, operator new(size_t n, align_val_t a), rdmj__ZnwmSt11align_val_t(n, a))
+RDMALLOC_WITNESSED(void*, operator new[](size_t n, align_val_t a),
+                   rdmj__ZnamSt11align_val_t(n, a))
+RDMALLOC_WITNESSED(void*, operator new(size_t n, align_val_t a, const nothrow_t& t) noexcept,
+                   rdmj__ZnwmSt11align_val_tRKSt9nothrow_t(n, a, t))
+RDMALLOC_WITNESSED(void*, operator new[](size_t n, align_val_t a, const nothrow_t& t) noexcept,
+                   rdmj__ZnamSt11align_val_tRKSt9nothrow_t(n, a, t))
+RDMALLOC_WITNESSED(void, operator delete(void* p) noexcept, rdmj__ZdlPv(p))
+RDMALLOC_WITNESSED(void, operator delete[](void* p) noexcept, rdmj__ZdaPv(p))
+RDMALLOC_WITNESSED(void, operator delete(void* p, size_t n) noexcept, rdmj__ZdlPvm(p, n))
+RDMALLOC_WITNESSED(void, operator delete[](void* p, size_t n) noexcept, rdmj__ZdaPvm(p, n))
+RDMALLOC_WITNESSED(void, operator delete(void* p, const nothrow_t& t) noexcept,
+                   rdmj__ZdlPvRKSt9nothrow_t(p, t))
+RDMALLOC_WITNESSED(void, operator delete[](void* p, const nothrow_t& t) noexcept,
+                   rdmj__ZdaPvRKSt9nothrow_t(p, t))
+RDMALLOC_WITNESSED(void, operator delete(void* p, align_val_t a) noexcept,
+                   rdmj__ZdlPvSt11align_val_t(p, a))
+RDMALLOC_WITNESSED(void, operator delete[](void* p, align_val_t a) noexcept,
+                   rdmj__ZdaPvSt11align_val_t(p, a))
+RDMALLOC_WITNESSED(void, operator delete(void* p, size_t n, align_val_t a) noexcept,
+                   rdmj__ZdlPvmSt11align_val_t(p, n, a))
+RDMALLOC_WITNESSED(void, operator delete[](void* p, size_t n, align_val_t a) noexcept,
+                   rdmj__ZdaPvmSt11align_val_t(p, n, a))
+RDMALLOC_WITNESSED(void, operator delete(void* p, align_val_t a, const nothrow_t& t) noexcept,
+                   rdmj__ZdlPvSt11align_val_tRKSt9nothrow_t(p, a, t))
+RDMALLOC_WITNESSED(void, operator delete[](void* p, align_val_t a, const nothrow_t& t) noexcept,
+                   rdmj__ZdaPvSt11align_val_tRKSt9nothrow_t(p, a, t))
+#undef RDMALLOC_WITNESSED
+#endif  // RDMALLOC_WITNESS

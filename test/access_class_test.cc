@@ -157,6 +157,19 @@ TEST(AccessClass, FreedClassBlocksAreNotReusedByMallocOrNew) {
     ::operator delete(q);
     free(p);
   }
+  // C++'s sized and aligned deletes reach jemalloc's sized free paths.
+  for (int i = 0; i < 1000; i++) {
+    void* c = rdmalloc_alloc(48, RDMALLOC_REMOTE_WRITE);
+    ASSERT_NE(c, nullptr);
+    if (i % 2 == 0) {
+      ::operator delete(c, size_t{48});
+    } else {
+      ::operator delete(c, size_t{48}, std::align_val_t{16});
+    }
+    void* q = ::operator new(48);
+    ASSERT_NE(q, c) << (i % 2 == 0 ? "sized" : "sized aligned") << " delete cached a class block";
+    ::operator delete(q, size_t{48});
+  }
 }
 
 // jemalloc's own API with an explicit thread cache: class memory still

@@ -3,10 +3,14 @@
 // the verbs API, and deregistration of regions that jemalloc releases inside
 // its hooks moved out of hook context — under threads, without deadlock.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -60,6 +64,52 @@ TEST(VerbsHeap, RegistersThroughVerbsAndDeregistersOutsideHooks) {
   EXPECT_EQ(static_cast<uint64_t>(live_mrs()), s.reg_calls - s.dereg_calls) << "MR leak";
   ASSERT_GE(VmLckKb(), 0) << "no VmLck in /proc/self/status";
   EXPECT_LE(VmLckKb(), static_cast<long>(s.bytes_registered >> 10) + 4) << "locked memory leak";
+}
+
+// From /proc/self/status, without a malloc (opendir would make one).
+int ThreadsOfThisProcess() {
+  char buf[4096];
+  int fd = open("/proc/self/status", O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = 0;
+  const char* line = strstr(buf, "\nThreads:");
+  return line == nullptr ? -1 : atoi(line + strlen("\nThreads:"));
+}
+
+// A fork child has no release thread; its first allocation starts it, even
+// one that jemalloc's fast path would serve from the thread cache that the
+// child inherited (rdmalloc turns the fast paths off until then).
+TEST(VerbsHeap, AForkChildsFirstMallocStartsItsReleaseThread) {
+  void* p = malloc(size_t{1} << 20);
+  rdmalloc_keys k;
+  ASSERT_EQ(rdmalloc_lookup(p, size_t{1} << 20, nullptr, &k), RDMALLOC_OK);  // verbs open
+  free(p);
+  for (int i = 0; i < 100; i++) {  // a cached 64-byte block to reuse (volatile: not elided)
+    void* volatile cached = malloc(64);
+    free(cached);
+  }
+  ASSERT_GE(ThreadsOfThisProcess(), 2) << "no release thread in the parent";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int before = ThreadsOfThisProcess();
+    void* volatile q = malloc(64);
+    int after = ThreadsOfThisProcess();
+    free(q);
+    if (before != 1 || after != 2) {
+      fprintf(stderr, "child: %d thread(s) before its first malloc, %d after (want 1, 2)\n",
+              before, after);
+      _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's first malloc did not restart rdmalloc";
 }
 
 }  // namespace

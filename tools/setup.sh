@@ -5,9 +5,10 @@ if [ "$(id -u)" -ne 0 ]; then exec sudo "$0" "$@"; fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 
-# test/suites builds jemalloc's own integration tests from Debian's source
-# package (apt-get source jemalloc), which needs deb-src entries. Add them,
-# once, for the Debian archive the binary packages come from.
+# rdmalloc builds jemalloc from Debian's source package (apt-get source
+# jemalloc: third_party/jemalloc_source.sh), and so do jemalloc's integration
+# tests in test/suites; that needs deb-src entries. Add them, once, for the
+# Debian archive the binary packages come from.
 if [ -z "$(apt-get indextargets --format '$(SITE)' 'Created-By: Sources' 'Origin: Debian')" ]; then
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   opts=""

@@ -32,6 +32,22 @@ constexpr int kShared = 32;
 void IgnoreWarning(const char*) {}
 const char* GetEnv(const char* name) { return getenv(name); }
 
+}  // namespace
+}  // namespace rdmalloc
+
+// jemalloc's calls into rdmalloc's start-up and access classes
+// (third_party/jemalloc_rdmalloc.patch), which allocator/malloc_override.cc
+// answers in the allocator. Here the test starts the heap itself (StartedHeap)
+// before its threads allocate, and frees class memory with explicit flags.
+extern "C" {
+int rdmj_init_state = 2;  // ready
+void rdmj_start() {}
+bool rdmj_class_block(const void*) { return false; }
+}
+
+namespace rdmalloc {
+namespace {
+
 // What malloc's first call does in allocator/malloc_override.cc.
 Heap& StartedHeap() {
   static bool started = [] {

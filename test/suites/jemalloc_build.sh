@@ -1,7 +1,7 @@
 #!/bin/bash
-# Builds jemalloc's integration tests from Debian's source package, the way
-# Debian builds libjemalloc2 on amd64 (debian/rules: --with-lg-page=12
-# --with-lg-hugepage=21 --enable-prof, dpkg-buildflags), and packs what the
+# Builds jemalloc's integration tests from Debian's source package, unpatched
+# and configured the way Debian builds libjemalloc2 on amd64
+# (third_party/jemalloc_source.sh), and packs what the
 # test needs into one tarball: the fresh libjemalloc.so.2, every integration
 # program's object file and .sh, the harness objects, the link flags and the
 # list of programs from the Makefile. //test/suites:jemalloc_integration_test
@@ -9,43 +9,17 @@
 # and compares them. Nothing of jemalloc is committed: the source comes from
 # apt-get source (tools/setup.sh adds the deb-src entries).
 #
-#   jemalloc_build.sh OUT.tar.gz
+#   jemalloc_build.sh OUT.tar.gz JEMALLOC_SOURCE_SH
 set -euo pipefail
 out=$(realpath -m "$1")
-version=$(dpkg-query -W -f='${source:Version}' libjemalloc2 2>/dev/null) || {
-  echo "jemalloc_build: libjemalloc2 is not installed: run tools/setup.sh" >&2; exit 1; }
+source_script=$(realpath "$2")
 work=$(mktemp -d /tmp/rdm-jemalloc-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cd "$work"
 log=$work/build.log
-
-# The source package of the jemalloc that is installed (the same version as
-# Debian's libjemalloc_pic.a inside rdmalloc and the stock libjemalloc.so.2).
-ok=0
-for try in 1 2 3; do
-  if apt-get source --download-only "jemalloc=$version" >>"$log" 2>&1; then ok=1; break; fi
-  sleep $((try * 5))
-done
-if [ $ok -ne 1 ]; then
-  cat "$log" >&2
-  echo "jemalloc_build: 'apt-get source jemalloc=$version' failed (no deb-src entry? run tools/setup.sh)" >&2
-  exit 1
-fi
-dpkg-source -x "jemalloc_${version#*:}.dsc" src >>"$log" 2>&1 || {
-  cat "$log" >&2; echo "jemalloc_build: dpkg-source -x failed" >&2; exit 1; }
-cd src
-
-# debian/rules' configure options for amd64, with Debian's build flags.
-arch=$(dpkg-architecture -qDEB_HOST_ARCH)
-if [ "$arch" != amd64 ]; then
-  echo "jemalloc_build: only amd64's configuration is reproduced here (this is $arch)" >&2
-  exit 1
-fi
-eval "$(DEB_BUILD_MAINT_OPTIONS= dpkg-buildflags --export=sh)"
-config=(--with-version=VERSION --with-lg-page=12 --with-lg-hugepage=21 --enable-prof)
-echo "configure ${config[*]}" >>"$log"
-./configure "${config[@]}" >>"$log" 2>&1 || {
-  tail -50 "$log" >&2; echo "jemalloc_build: configure failed" >&2; exit 1; }
+"$source_script" "$work"
+version=$(cat "$work/version")
+config=($(cat "$work/configure"))
+cd "$work/src"
 make -j"$(nproc)" tests_integration >>"$log" 2>&1 || {
   tail -50 "$log" >&2; echo "jemalloc_build: make tests_integration failed" >&2; exit 1; }
 
