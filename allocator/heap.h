@@ -77,6 +77,10 @@ class Heap {
   // found no use for: its pages are not kept a second time.
   enum class Freed { kWarm, kCold };
   void FreeExtent(Region* r, void* addr, size_t size, Freed how);
+  // Whether some page of that extent was handed out in a large block.
+  bool HoldsLargeBlock(Region* r, const void* addr, size_t size) {
+    return store_.HoldsLargeBlock(r, addr, size);
+  }
   void CountForeign() { foreign_extents_.fetch_add(1, std::memory_order_relaxed); }
   // The access class of the live allocation at p (0 for anything not in a
   // class region). Lock-free; for free() to route class memory past tcaches.

@@ -10,6 +10,7 @@ static_assert(offsetof(Region, reg) + offsetof(RegSlot, slots) <= 64,
 void PageMap::Init(uint64_t* words, size_t npages) {
   used_ = words;
   dirty_ = words + WordsFor(npages);
+  large_ = words + 2 * WordsFor(npages);
   npages_ = npages;
   used_pages_ = 0;
   dirty_free_pages_ = 0;

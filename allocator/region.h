@@ -34,7 +34,8 @@ struct RegSlot {
 // Page bitmaps of a region; one bit per page. Guarded by its shard's lock.
 class PageMap {
  public:
-  // `words` must be zeroed and hold 2 * WordsFor(npages) words.
+  // `words` must be zeroed and hold kBitmaps * WordsFor(npages) words.
+  static constexpr size_t kBitmaps = 3;
   void Init(uint64_t* words, size_t npages);
   static size_t WordsFor(size_t npages) { return (npages + 63) / 64; }
 
@@ -53,6 +54,10 @@ class PageMap {
   size_t Take(size_t first, size_t n);
   // Marks [first, first+n) free; `purged` pages read as zero again.
   void Give(size_t first, size_t n, bool purged);
+  // Whether [first, first+n) was last handed out in a large block
+  // (RegionStore's kLargeBlock), and whether any of its pages was.
+  void MarkLargeBlock(size_t first, size_t n, bool large) { SetRange(large_, first, n, large); }
+  bool HoldsLargeBlock(size_t first, size_t n) const { return AnySet(large_, first, n); }
   // Free pages that may hold bytes: resident memory kept for reuse.
   size_t dirty_free_pages() const { return dirty_free_pages_; }
   // Calls purge(first, n) for each run of free dirty pages; the runs it
@@ -72,6 +77,7 @@ class PageMap {
 
   uint64_t* used_ = nullptr;   // handed to jemalloc
   uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
+  uint64_t* large_ = nullptr;  // last handed out in a large block
   size_t npages_ = 0;
   size_t used_pages_ = 0;
   size_t dirty_free_pages_ = 0;

@@ -148,7 +148,8 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   void* mem = MapAligned(bytes, align);
   if (mem == nullptr) return nullptr;
   size_t npages = bytes >> kPageShift;
-  size_t words_bytes = RoundUp(2 * PageMap::WordsFor(npages) * sizeof(uint64_t), kPageSize);
+  size_t words_bytes =
+      RoundUp(PageMap::kBitmaps * PageMap::WordsFor(npages) * sizeof(uint64_t), kPageSize);
   void* words = mmap(nullptr, words_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
   Region* r = words != MAP_FAILED ? TakeDescriptor() : nullptr;
@@ -176,6 +177,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   // in use than mapped (Unmap subtracts after the last page came back).
   bytes_mapped_.fetch_add(bytes, std::memory_order_release);
   r->pages.Take(0, size >> kPageShift);  // fresh pages: clean
+  r->pages.MarkLargeBlock(0, size >> kPageShift, size >= kLargeBlock);
   r->kept.store(false, std::memory_order_relaxed);
   // mr_holds is 0 here, but for a stale Hold of the descriptor's last life
   // that is about to give its hold back: not reset, so the two cancel out.
@@ -215,6 +217,7 @@ uint64_t RegionStore::EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns) {
 
 size_t RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty) {
   size_t dirty_pages = r->pages.Take(first, n);
+  r->pages.MarkLargeBlock(first, n, (n << kPageShift) >= kLargeBlock);
   *dirty = dirty_pages != 0;
   Unretain(dirty_pages);
   s.pages_in_use.fetch_add(n, std::memory_order_relaxed);
@@ -283,6 +286,15 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t p
   }
   s.lock.Unlock();
   return gave;
+}
+
+bool RegionStore::HoldsLargeBlock(Region* r, const void* addr, size_t size) {
+  size_t first = (reinterpret_cast<uintptr_t>(addr) - r->begin()) >> kPageShift;
+  Shard& s = shards_[r->shard];
+  LockShard(s);
+  bool large = r->pages.HoldsLargeBlock(first, size >> kPageShift);
+  s.lock.Unlock();
+  return large;
 }
 
 // A release wanted but put off: kept empty regions that MRs still hold.

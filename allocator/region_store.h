@@ -28,6 +28,9 @@ constexpr size_t kMaxRegions = 16384;
 constexpr unsigned kAccessClasses = 8;
 // Shards of region state; arena i uses shard i % kShards.
 constexpr unsigned kShards = 64;
+// A large block: an extent of a huge page or more, which a loop over large
+// blocks would fault in again page by page if its pages were not kept.
+constexpr size_t kLargeBlock = size_t{2} << 20;
 
 class RegionStore {
  public:
@@ -68,6 +71,9 @@ class RegionStore {
   // hold it.
   enum class Gave { kInUse, kKept, kEmpty };
   Gave Give(Region* r, void* addr, size_t size, size_t purged_bytes);
+  // Whether some page of the extent [addr, addr+size) of r, still handed
+  // out, was handed out in a large block (a request of kLargeBlock or more).
+  bool HoldsLargeBlock(Region* r, const void* addr, size_t size);
 
   // Holds of the program's memory registrations (Region::mr_holds). Hold
   // fails if r is no longer live. Drop returns kEmpty if r, empty and past

@@ -15,7 +15,9 @@ namespace {
 
 // A PageMap with its own zeroed bitmap words.
 struct TestPages {
-  explicit TestPages(size_t n) : words(2 * PageMap::WordsFor(n), 0) { map.Init(words.data(), n); }
+  explicit TestPages(size_t n) : words(PageMap::kBitmaps * PageMap::WordsFor(n), 0) {
+    map.Init(words.data(), n);
+  }
   std::vector<uint64_t> words;
   PageMap map;
 };
@@ -26,6 +28,27 @@ TEST(PageMapTest, WordsFor) {
   EXPECT_EQ(PageMap::WordsFor(64), 1u);
   EXPECT_EQ(PageMap::WordsFor(65), 2u);
   EXPECT_EQ(PageMap::WordsFor(512), 8u);
+}
+
+// Pages remember whether they were last handed out in a large block, across
+// word boundaries, until they are handed out again.
+TEST(PageMapTest, LargeBlockMarksLastUntilThePagesAreHandedOutAgain) {
+  TestPages t(200);
+  PageMap& m = t.map;
+  EXPECT_FALSE(m.HoldsLargeBlock(0, 200));
+  m.Take(60, 80);
+  m.MarkLargeBlock(60, 80, true);
+  EXPECT_TRUE(m.HoldsLargeBlock(0, 61));
+  EXPECT_TRUE(m.HoldsLargeBlock(139, 61));
+  EXPECT_FALSE(m.HoldsLargeBlock(0, 60));
+  EXPECT_FALSE(m.HoldsLargeBlock(140, 60));
+  m.Give(60, 80, false);
+  EXPECT_TRUE(m.HoldsLargeBlock(100, 1)) << "freed pages keep their mark";
+  m.Take(100, 10);
+  m.MarkLargeBlock(100, 10, false);
+  EXPECT_FALSE(m.HoldsLargeBlock(100, 10));
+  EXPECT_TRUE(m.HoldsLargeBlock(99, 1));
+  EXPECT_TRUE(m.HoldsLargeBlock(110, 1));
 }
 
 TEST(PageMapTest, FreshMapIsAllFree) {
