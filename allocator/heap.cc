@@ -25,10 +25,11 @@ std::atomic<unsigned> g_next_stripe{0};
 
 // The model again: GCC takes it from the definition, and without it this
 // file reached t_stripe through __tls_get_addr.
-__thread unsigned t_stripe __attribute__((tls_model("initial-exec"), visibility("hidden"))) = ~0u;
+__thread LookupStripe* t_stripe __attribute__((tls_model("initial-exec"), visibility("hidden"))) =
+    nullptr;
 
-unsigned AssignStripe() {
-  t_stripe = g_next_stripe.fetch_add(1, std::memory_order_relaxed) % Heap::kStripes;
+Heap::Stripe* Heap::AssignStripe() {
+  t_stripe = &stripes_[g_next_stripe.fetch_add(1, std::memory_order_relaxed) % kStripes];
   return t_stripe;
 }
 

@@ -42,6 +42,14 @@ struct RegionInfo {
   } reg[kMaxDomains] = {};
 };
 
+// Lookup counters of one thread (or a few, past Heap::kStripes threads), on
+// a cache line of their own. Bumped with a plain load and store: exact while
+// each thread has its own stripe.
+struct alignas(64) LookupStripe {
+  std::atomic<uint64_t> lookups{0}, not_ours{0}, cross{0}, einval{0};
+  std::atomic<uint64_t> mrs_served{0}, mrs_served_gone{0}, mrs_forwarded{0};
+};
+
 class Heap {
  public:
   static constexpr unsigned kStripes = 64;  // lookup counters, one cache line each
@@ -146,18 +154,13 @@ class Heap {
   int VisitRegions(void (*visit)(const RegionInfo& info, void* ctx), void* ctx);
 
  private:
-  // Lookup counters of one thread (or a few, past kStripes threads), on a
-  // cache line of their own. Bumped with a plain load and store: exact while
-  // each thread has its own stripe.
-  struct alignas(64) Stripe {
-    std::atomic<uint64_t> lookups{0}, not_ours{0}, cross{0}, einval{0};
-    std::atomic<uint64_t> mrs_served{0}, mrs_served_gone{0}, mrs_forwarded{0};
-  };
+  using Stripe = LookupStripe;
   static void Bump(std::atomic<uint64_t>& c) {
     c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
-  Stripe& MyStripe() { return stripes_[t_stripe_index()]; }
-  static unsigned t_stripe_index();
+  inline Stripe& MyStripe();
+  // Gives the calling thread its stripe (t_stripe).
+  Stripe* AssignStripe();
   int Fail(int code, std::atomic<uint64_t>& counter) {
     Bump(counter);
     return code;
@@ -207,21 +210,22 @@ class Heap {
 };
 
 // Each thread bumps its own stripe of the lookup counter: no shared cache
-// line on the lookup path (threads beyond kStripes share stripes).
-// __thread, not thread_local: no TLS wrapper function across translation units.
-extern __thread unsigned t_stripe __attribute__((tls_model("initial-exec"), visibility("hidden")));
-unsigned AssignStripe();
+// line on the lookup path (threads beyond kStripes share stripes). nullptr
+// until the thread's first lookup or served MR. __thread, not thread_local:
+// no TLS wrapper function across translation units.
+extern __thread LookupStripe* t_stripe
+    __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
 extern __attribute__((visibility("hidden"))) Heap g_heap;
 inline Heap& TheHeap() { return g_heap; }
 
 inline int Heap::Miss(int code, std::atomic<uint64_t> Stripe::*counter) {
-  return Fail(code, stripes_[t_stripe].*counter);
+  return Fail(code, t_stripe->*counter);
 }
 
-inline unsigned Heap::t_stripe_index() {
-  unsigned stripe = t_stripe;
-  return __builtin_expect(stripe != ~0u, 1) ? stripe : AssignStripe();
+inline Heap::Stripe& Heap::MyStripe() {
+  Stripe* stripe = t_stripe;
+  return *(__builtin_expect(stripe != nullptr, 1) ? stripe : AssignStripe());
 }
 
 inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
@@ -247,9 +251,9 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
 // seqlock read): when the check fails, the slow path overwrites them.
 __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd,
                                                        rdmalloc_keys* out) {
-  unsigned stripe = t_stripe;
-  if (__builtin_expect(stripe == ~0u, 0)) return LookupFirstOnThread(addr, len, pd, out);
-  Bump(stripes_[stripe].lookups);
+  Stripe* stripe = t_stripe;
+  if (__builtin_expect(stripe == nullptr, 0)) return LookupFirstOnThread(addr, len, pd, out);
+  Bump(stripe->lookups);
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   if (out == nullptr || len > UINTPTR_MAX - a) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
   int d = regs_.DomainIndex(pd);
@@ -259,7 +263,8 @@ __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t 
   uint64_t seq = r->seq.load(std::memory_order_acquire);
   uintptr_t base = r->begin();
   size_t size = r->length();
-  if (!(seq & 1) || a < base || a - base >= size) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
+  // a < base wraps around to a - base >= size.
+  if (!(seq & 1) || a - base >= size) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
   if (len > size - (a - base)) return Miss(RDMALLOC_ECROSS, &Stripe::cross);
   out->region_base = reinterpret_cast<void*>(base);
   out->region_len = size;
