@@ -81,8 +81,9 @@ class Heap {
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
   Region* RegionOf(const void* addr, size_t size) const { return store_.RegionOf(addr, size); }
   // jemalloc gave [addr, addr+size) back for good (dalloc or destroy). A
-  // cold extent is one jemalloc already kept resident for its decay time and
-  // found no use for: its pages are not kept a second time.
+  // cold extent is one stock jemalloc would purge: kept resident for its
+  // decay time already, or freed small blocks it coalesced past its
+  // oversize threshold. Its pages are not kept (see HowFreed in the hooks).
   enum class Freed { kWarm, kCold };
   void FreeExtent(Region* r, void* addr, size_t size, Freed how);
   // Whether some page of that extent was handed out in a large block.
