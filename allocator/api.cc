@@ -11,17 +11,21 @@ using rdmalloc::EnsureInitialised;
 using rdmalloc::TheHeap;
 
 namespace {
-__attribute__((noinline)) int LookupBeforeStart(const void* addr, size_t len, ibv_pd* pd,
-                                                rdmalloc_keys* out) {
+__attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
+                                                  rdmalloc_keys* out) {
   EnsureInitialised();
   return TheHeap().Lookup(addr, len, pd, out);
 }
 }  // namespace
 
-// Only tail calls leave the hit path, which then needs no frame.
+// Only tail calls leave the hit path, which then needs no frame. A thread
+// gets its lookup stripe (rdmalloc::t_stripe) only here, once rdmalloc has
+// started, and a fork child's thread loses it: the hit path then needs no
+// start-up check of its own.
 RDMALLOC_EXPORT int rdmalloc_lookup(const void* addr, size_t len, struct ibv_pd* pd,
                                     struct rdmalloc_keys* out) {
-  if (__builtin_expect(!rdmalloc::Initialised(), 0)) return LookupBeforeStart(addr, len, pd, out);
+  if (__builtin_expect(rdmalloc::t_stripe == nullptr, 0))
+    return LookupFirstOnThread(addr, len, pd, out);
   return TheHeap().Lookup(addr, len, pd, out);
 }
 

@@ -226,6 +226,15 @@ int Heap::LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd, rdmalloc
   return Lookup(addr, len, pd, out);
 }
 
+int Heap::LookupUnguessed(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
+  return LookupIn<false>(store_.Find(a), a, len, d, out);
+}
+
+int Heap::MissOutside(uintptr_t a, size_t len, int code, std::atomic<uint64_t> Stripe::*counter) {
+  if (len > UINTPTR_MAX - a) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
+  return Miss(code, counter);
+}
+
 int Heap::LookupSlow(rdmalloc_keys* out) {
   uintptr_t a = reinterpret_cast<uintptr_t>(out->addr);
   size_t len = out->len;
@@ -262,7 +271,7 @@ int Heap::LookupSlow(rdmalloc_keys* out) {
     errno = err;
     return Fail(RDMALLOC_EREGFAIL, lookup_reg_failed_);
   }
-  FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.key_shift.load(), s.handle.load(),
+  FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.step_shift.load(), s.handle.load(),
            s.access.load(), out);
   Unlock(r);
   return RDMALLOC_OK;
@@ -494,6 +503,7 @@ void Heap::InstallForkHandlers() {
 
 // Registrations are the parent's kernel objects: forget them, do not undo them.
 void Heap::ForkChild() {
+  t_stripe = nullptr;  // the child's first lookup restarts rdmalloc (allocator/api.cc)
   regs_.ForgetAfterFork();
   size_t used = store_.descriptors_used();
   for (size_t i = 0; i < used; i++) {

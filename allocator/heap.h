@@ -169,6 +169,15 @@ class Heap {
   // A miss of the hit path, counted on this thread's stripe, found again
   // (one TLS load) rather than kept live across the hit path.
   inline int Miss(int code, std::atomic<uint64_t> Stripe::*counter);
+  template <bool kGuessed>
+  __attribute__((always_inline)) inline int LookupIn(Region* r, uintptr_t a, size_t len, int d,
+                                                    rdmalloc_keys* out);
+  // The map's guess was wrong: the hit path again with its answer.
+  __attribute__((noinline)) int LookupUnguessed(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  // A miss once addr is known: EINVAL if [a, a+len) wraps the address space
+  // (which the hit path never checks), else `code`.
+  __attribute__((noinline)) int MissOutside(uintptr_t a, size_t len, int code = RDMALLOC_ENOTOURS,
+                                            std::atomic<uint64_t> Stripe::*counter = &Stripe::not_ours);
 
   // The request (addr, len, domain) is in *out: the hit path wrote it there
   // before it found no usable registration.
@@ -178,7 +187,7 @@ class Heap {
   __attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
                                                     rdmalloc_keys* out);
   inline void FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                       uint32_t shift, void* handle, int access, rdmalloc_keys* out) const;
+                       uint32_t step_shift, void* handle, int access, rdmalloc_keys* out) const;
   int EnsureBackend() { return regs_.EnsureBackend(); }
 
   // Registration of whole regions; r->reg_lock held.
@@ -230,9 +239,10 @@ inline Heap::Stripe& Heap::MyStripe() {
 }
 
 inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t lkey, uint32_t rkey,
-                           uint32_t shift, void* handle, int access, rdmalloc_keys* out) const {
+                           uint32_t step_shift, void* handle, int access,
+                           rdmalloc_keys* out) const {
   uintptr_t base = r->begin();
-  uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+  uint32_t step = static_cast<uint32_t>((a - base) >> step_shift);
   out->lkey = lkey + step;
   out->rkey = rkey + step;
   out->handle = handle;
@@ -255,29 +265,39 @@ __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t 
   Stripe* stripe = t_stripe;
   if (__builtin_expect(stripe == nullptr, 0)) return LookupFirstOnThread(addr, len, pd, out);
   Bump(stripe->lookups);
+  if (out == nullptr) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
+  int d = 0;  // rdmalloc's default domain: the usual case, kept in line
+  if (__builtin_expect(pd != nullptr, 0)) {
+    d = regs_.DomainIndex(pd);
+    if (d < 0) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
+  }
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  if (out == nullptr || len > UINTPTR_MAX - a) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
-  int d = regs_.DomainIndex(pd);
-  if (d < 0) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
-  Region* r = store_.Find(a);
-  if (r == nullptr) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
+  return LookupIn<true>(store_.Guess(a), a, len, d, out);
+}
+
+// r is the map's guess (kGuessed) or its answer. a + len is never formed, so
+// a length that wraps the address space is just too long here.
+template <bool kGuessed>
+__attribute__((always_inline)) inline int Heap::LookupIn(Region* r, uintptr_t a, size_t len, int d,
+                                                         rdmalloc_keys* out) {
+  if (r == nullptr) return kGuessed ? LookupUnguessed(a, len, d, out) : MissOutside(a, len);
   uint64_t seq = r->seq.load(std::memory_order_acquire);
   uintptr_t base = r->begin();
   size_t size = r->length();
   // a < base wraps around to a - base >= size.
-  if (!(seq & 1) || a - base >= size) return Miss(RDMALLOC_ENOTOURS, &Stripe::not_ours);
-  if (len > size - (a - base)) return Miss(RDMALLOC_ECROSS, &Stripe::cross);
+  if (!(seq & 1) || a - base >= size)
+    return kGuessed ? LookupUnguessed(a, len, d, out) : MissOutside(a, len);
+  if (len > size - (a - base)) return MissOutside(a, len, RDMALLOC_ECROSS, &Stripe::cross);
   out->region_base = reinterpret_cast<void*>(base);
   out->region_len = size;
-  out->addr = addr;
+  out->addr = reinterpret_cast<const void*>(a);
   out->len = len;
   out->reg_errno = 0;
   out->domain = d;
   RegSlot& s = r->reg[d];
   uint32_t q = s.seq.load(std::memory_order_acquire);
   if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
-    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
-    uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+    uint32_t step = static_cast<uint32_t>((a - base) >> s.step_shift.load(std::memory_order_relaxed));
     out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
     out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
     out->handle = s.handle.load(std::memory_order_relaxed);
@@ -298,7 +318,8 @@ __attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, co
                                                                   Served* out) {
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   int d = regs_.DomainIndex(pd);
-  Region* r = d > 0 && regs_.verbs_chosen() ? store_.Find(a) : nullptr;
+  // A wrong guess fails the range check below: the slow path asks the map.
+  Region* r = d > 0 && regs_.verbs_chosen() ? store_.Guess(a) : nullptr;
   if (r == nullptr) return ServeRegistrationSlow(pd, addr, len, access, out);
   uint64_t seq = r->seq.load(std::memory_order_acquire);
   uintptr_t base = r->begin();
@@ -308,8 +329,7 @@ __attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, co
   if ((seq & 1) && a - base < size && len <= size - (a - base) && !(q & 1) &&
       s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered &&
       (access & ~s.access.load(std::memory_order_relaxed)) == 0) {
-    uint32_t shift = s.key_shift.load(std::memory_order_relaxed);
-    uint32_t step = shift != 0 ? static_cast<uint32_t>((a - base) >> shift) : 0;
+    uint32_t step = static_cast<uint32_t>((a - base) >> s.step_shift.load(std::memory_order_relaxed));
     out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
     out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
     out->region_mr = static_cast<const ibv_mr*>(s.mr.load(std::memory_order_relaxed));

@@ -26,7 +26,16 @@ struct RegSlot {
   std::atomic<uint32_t> state{kNone};
   std::atomic<uint32_t> lkey{0};
   std::atomic<uint32_t> rkey{0};
-  std::atomic<uint32_t> key_shift{0};
+  // Keys step by (addr - region base) >> step_shift; kNoStep (63) when the
+  // registrar's key_shift is 0 (one key for the region), so the hit path
+  // computes the step with no branch.
+  static constexpr uint32_t kNoStep = 63;
+  std::atomic<uint32_t> step_shift{kNoStep};
+  static uint32_t StepShift(uint32_t key_shift) { return key_shift != 0 ? key_shift : kNoStep; }
+  uint32_t key_shift() const {
+    uint32_t shift = step_shift.load(std::memory_order_relaxed);
+    return shift != kNoStep ? shift : 0;
+  }
   std::atomic<int> access{0};  // the rights it was registered with
   std::atomic<uint32_t> slots{0};
 };

@@ -27,7 +27,12 @@ bool RegionMap::Set(uintptr_t base, size_t size, Region* r) {
         leaf = expected;
       }
     }
-    leaf->slot[c & (kLeafSize - 1)].store(r, std::memory_order_release);
+    Region* was = leaf->slot[c & (kLeafSize - 1)].exchange(r, std::memory_order_acq_rel);
+    std::atomic<Region*>& guess = guesses_[c & (kGuesses - 1)];
+    if (r != nullptr)
+      guess.store(r, std::memory_order_release);
+    else if (was != nullptr)  // unless a region set since shares the entry
+      guess.compare_exchange_strong(was, nullptr, std::memory_order_acq_rel);
   }
   return true;
 }

@@ -4,6 +4,12 @@
 // belongs to at most one region. A two-level radix table indexed by chunk
 // number answers with two dependent loads; leaves are mmap'd on demand and
 // never freed (64 KiB each, one per 16 GiB of address space in use).
+//
+// The lookup hit path asks a direct-mapped table first, one load: the region
+// last set over a chunk with the same low 16 bits of chunk number. Chunks
+// 128 GiB apart share an entry, and an entry may name a region since moved or
+// released (descriptors are never freed), so the reader checks the region's
+// range, under its seq, and asks the radix table when it does not hold.
 #ifndef RDMALLOC_ALLOCATOR_REGION_MAP_H_
 #define RDMALLOC_ALLOCATOR_REGION_MAP_H_
 
@@ -31,6 +37,11 @@ class RegionMap {
     return leaf->slot[chunk & (kLeafSize - 1)].load(std::memory_order_acquire);
   }
 
+  // A guess for addr: a region, nullptr, or some region not holding addr.
+  Region* Guess(uintptr_t addr) const {
+    return guesses_[(addr >> kChunkShift) & (kGuesses - 1)].load(std::memory_order_acquire);
+  }
+
   // Writers of different regions may run at once (each chunk belongs to one
   // region; leaves are installed with compare-and-swap). Returns false if a
   // leaf could not be mapped (the range is then left unset).
@@ -49,7 +60,11 @@ class RegionMap {
     std::atomic<Region*> slot[kLeafSize];
   };
 
+  // 512 KiB of zero pages until regions are set: one 4 KiB page per GiB used.
+  static constexpr size_t kGuesses = size_t{1} << 16;
+
   std::atomic<Leaf*> top_[kTopSize] = {};
+  std::atomic<Region*> guesses_[kGuesses] = {};
 };
 
 }  // namespace rdmalloc

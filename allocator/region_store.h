@@ -47,6 +47,8 @@ class RegionStore {
 
   // Lock-free, no allocation, no system call.
   Region* Find(uintptr_t addr) const { return map_.Find(addr); }
+  // One load, but maybe wrong: check the region's range (RegionMap::Guess).
+  Region* Guess(uintptr_t addr) const { return map_.Guess(addr); }
   // The live region wholly containing [addr, addr+size), or nullptr.
   Region* RegionOf(const void* addr, size_t size) const;
 

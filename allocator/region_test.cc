@@ -363,7 +363,7 @@ constexpr uintptr_t kTop = uintptr_t{1} << 47;
 
 class RegionMapTest : public ::testing::Test {
  protected:
-  // 64 KiB of top-level table: keep it off the stack.
+  // 576 KiB of tables: keep them off the stack.
   std::unique_ptr<RegionMap> map_ = std::make_unique<RegionMap>();
   Region a_, b_, c_;
 };
@@ -390,6 +390,32 @@ TEST_F(RegionMapTest, SetFindClear) {
   map_->Clear(base, 3 * kChunkSize);
   EXPECT_EQ(map_->Find(base), nullptr);
   EXPECT_EQ(map_->Find(base + 3 * kChunkSize - 1), nullptr);
+}
+
+// The guess table has 2^16 entries: chunks 128 GiB apart share one.
+constexpr uintptr_t kGuessSpan = uintptr_t{1} << (16 + kChunkShift);
+
+TEST_F(RegionMapTest, GuessNamesTheRegionLastSetOnAChunkSharingItsEntry) {
+  const uintptr_t base = 3 * kGuessSpan + 10 * kChunkSize;
+  const uintptr_t alias = base + 5 * kGuessSpan;  // other leaf, same entry
+  EXPECT_EQ(map_->Guess(base), nullptr);
+  ASSERT_TRUE(map_->Set(base, 2 * kChunkSize, &a_));
+  EXPECT_EQ(map_->Guess(base + 12345), &a_);
+  EXPECT_EQ(map_->Guess(base + 2 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Guess(base + 2 * kChunkSize), nullptr);
+  // A wrong guess: the caller must check the region's range.
+  EXPECT_EQ(map_->Guess(alias), &a_);
+  EXPECT_EQ(map_->Find(alias), nullptr);
+
+  ASSERT_TRUE(map_->Set(alias, kChunkSize, &b_));
+  EXPECT_EQ(map_->Guess(base), &b_);  // last set wins
+  EXPECT_EQ(map_->Guess(base + kChunkSize), &a_);
+  EXPECT_EQ(map_->Find(base), &a_);  // the radix table is not a guess
+  map_->Clear(base, 2 * kChunkSize);
+  EXPECT_EQ(map_->Guess(alias), &b_) << "clearing a must not clear b's entry";
+  EXPECT_EQ(map_->Guess(base + kChunkSize), nullptr);
+  map_->Clear(alias, kChunkSize);
+  EXPECT_EQ(map_->Guess(alias), nullptr);
 }
 
 TEST_F(RegionMapTest, PartialChunkSizeCoversWholeChunks) {

@@ -195,7 +195,7 @@ int Registrations::Register(Region* r, int d) {
   s.seq.fetch_add(1);  // odd: readers retry
   s.lkey.store(reg.lkey, std::memory_order_relaxed);
   s.rkey.store(reg.rkey, std::memory_order_relaxed);
-  s.key_shift.store(reg.key_shift, std::memory_order_relaxed);
+  s.step_shift.store(RegSlot::StepShift(reg.key_shift), std::memory_order_relaxed);
   s.slots.store(reg.slots, std::memory_order_relaxed);
   s.mr.store(reg.handle, std::memory_order_relaxed);
   s.access.store(reg.access, std::memory_order_relaxed);
@@ -219,7 +219,7 @@ void Registrations::Deregister(Region* r, int d) {
   Registration reg;
   reg.lkey = s.lkey.load(std::memory_order_relaxed);
   reg.rkey = s.rkey.load(std::memory_order_relaxed);
-  reg.key_shift = s.key_shift.load(std::memory_order_relaxed);
+  reg.key_shift = s.key_shift();
   reg.slots = s.slots.load(std::memory_order_relaxed);
   reg.handle = s.mr.load(std::memory_order_relaxed);
   s.seq.fetch_add(1);
@@ -245,7 +245,7 @@ int Registrations::Dma(Region* r, int d, uintptr_t addr, void* buf, size_t n, bo
   Registration reg;
   reg.lkey = s.lkey.load();
   reg.rkey = s.rkey.load();
-  reg.key_shift = s.key_shift.load();
+  reg.key_shift = s.key_shift();
   reg.slots = s.slots.load();
   reg.handle = s.mr.load();
   reg.access = s.access.load();
