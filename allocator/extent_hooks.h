@@ -29,7 +29,8 @@ void ReturnLargeExtentsAtOnce(long decay_ms);
 unsigned ClassArena(unsigned access_class);
 // Set once a class arena exists: only then does a free look for class memory.
 // jemalloc's free paths read it under this name (third_party/jemalloc_rdmalloc.patch).
-extern std::atomic<bool> g_classes_in_use __asm__("rdmj_classes_in_use");
+extern std::atomic<bool> g_classes_in_use __asm__("rdmj_classes_in_use")
+    __attribute__((visibility("hidden")));
 static_assert(sizeof(std::atomic<bool>) == sizeof(bool) && std::atomic<bool>::is_always_lock_free,
               "jemalloc reads it as a plain bool");
 

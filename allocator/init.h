@@ -13,7 +13,7 @@ namespace rdmalloc {
 enum : int { kUninitialised = 0, kInitialising = 1, kReady = 2, kForked = 3 };
 // jemalloc's allocation slow path reads it under this name and calls
 // rdmj_start() unless it is kReady (third_party/jemalloc_rdmalloc.patch).
-extern std::atomic<int> g_init_state __asm__("rdmj_init_state");
+extern std::atomic<int> g_init_state __asm__("rdmj_init_state") __attribute__((visibility("hidden")));
 static_assert(kReady == 2, "third_party/jemalloc_rdmalloc.patch tests for 2");
 static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free,
               "jemalloc reads it as a plain int");
