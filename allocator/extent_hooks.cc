@@ -122,25 +122,47 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
   return g_default->purge_forced(g_default, addr, size, offset, length, arena_ind);
 }
 
-bool Split(extent_hooks_t*, void* addr, size_t size, size_t size_a, size_t size_b, bool committed,
-           unsigned arena_ind) {
-  if (TheHeap().RegionOf(addr, size) != nullptr) return false;  // bookkeeping only
+// Split and merge run without jemalloc's reentrancy guard (see g_hooks):
+// they read the region map and call nothing that allocates. They are the
+// hooks jemalloc calls most, so a right guess answers with no call.
+__attribute__((noinline)) bool SplitUnguessed(void* addr, size_t size, size_t size_a,
+                                              size_t size_b, bool committed, unsigned arena_ind) {
+  if (TheHeap().RegionOf(addr, size) != nullptr) return false;
   return g_default->split(g_default, addr, size, size_a, size_b, committed, arena_ind);
 }
 
+bool Split(extent_hooks_t*, void* addr, size_t size, size_t size_a, size_t size_b, bool committed,
+           unsigned arena_ind) {
+  if (TheHeap().GuessRegionOf(addr, size) != nullptr) return false;  // bookkeeping only
+  return SplitUnguessed(addr, size, size_a, size_b, committed, arena_ind);
+}
+
 // Never let an extent span two regions: one allocation must have one MR.
-bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
-           bool committed, unsigned arena_ind) {
+__attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void* addr_b,
+                                              size_t size_b, bool committed, unsigned arena_ind) {
   Region* a = TheHeap().RegionOf(addr_a, size_a);
   Region* b = TheHeap().RegionOf(addr_b, size_b);
   if (a != nullptr || b != nullptr) return a != b;
   return g_default->merge(g_default, addr_a, size_a, addr_b, size_b, committed, arena_ind);
 }
 
-extent_hooks_t g_hooks = {Alloc,     Dalloc,      Destroy, Commit, Decommit,
-                          PurgeLazy, PurgeForced, Split,   Merge};
+// Regions own whole chunks, so extents that meet inside a chunk (b not on a
+// chunk boundary) are in that chunk's region, or both foreign.
+bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
+           bool committed, unsigned arena_ind) {
+  if ((reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) != 0 &&
+      TheHeap().GuessRegionOf(addr_b, size_b) != nullptr)
+    return false;
+  return MergeUnguessed(addr_a, size_a, addr_b, size_b, committed, arena_ind);
+}
 
 }  // namespace
+
+// Named for jemalloc, which calls this table's split and merge hooks without
+// its reentrancy guard (third_party/jemalloc_rdmalloc.patch, ehooks.h): that
+// guard's two tsd_slow_update() calls cost more than the hooks themselves.
+extent_hooks_t g_hooks __asm__("rdmj_extent_hooks") __attribute__((visibility("hidden"))) = {
+    Alloc, Dalloc, Destroy, Commit, Decommit, PurgeLazy, PurgeForced, Split, Merge};
 
 unsigned ClassArena(unsigned access_class) {
   if (access_class == 0 || access_class >= kAccessClasses) return 0;

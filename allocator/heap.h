@@ -80,6 +80,10 @@ class Heap {
                     size_t alignment, bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
   Region* RegionOf(const void* addr, size_t size) const { return store_.RegionOf(addr, size); }
+  // RegionOf if the guess table knows it, else nullptr (RegionMap::Guess).
+  Region* GuessRegionOf(const void* addr, size_t size) const {
+    return store_.GuessRegionOf(addr, size);
+  }
   // jemalloc gave [addr, addr+size) back for good (dalloc or destroy). A
   // cold extent is one stock jemalloc would purge: kept resident for its
   // decay time already, or freed small blocks it coalesced past its

@@ -51,6 +51,16 @@ class RegionStore {
   Region* Guess(uintptr_t addr) const { return map_.Guess(addr); }
   // The live region wholly containing [addr, addr+size), or nullptr.
   Region* RegionOf(const void* addr, size_t size) const;
+  // One load in the guess table: the live region wholly containing
+  // [addr, addr+size) if the table names it; nullptr proves nothing (ask
+  // RegionOf). For the hooks' hot path.
+  Region* GuessRegionOf(const void* addr, size_t size) const {
+    uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+    Region* r = map_.Guess(a);
+    if (r == nullptr || !(r->seq.load(std::memory_order_acquire) & 1) || !r->Contains(a, size))
+      return nullptr;
+    return r;
+  }
 
   // What Carve hands out.
   struct Extent {

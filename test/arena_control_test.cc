@@ -191,4 +191,51 @@ TEST(ArenaControl, ClassArenasCannotBeDestroyedOrResetButTheCallersCan) {
   EXPECT_EQ(mallctl(name, nullptr, nullptr, nullptr, 0), 0);
 }
 
+// rdmalloc's merge hook (allocator/extent_hooks.cc), called as jemalloc
+// would: one extent never spans two regions, nor a region and foreign
+// memory, whichever way the extents meet (inside a chunk, or where a chunk
+// and maybe a region ends). false: jemalloc may merge.
+TEST(ExtentHooks, MergeJoinsExtentsOfOneRegionOnly) {
+  extent_hooks_t* h = Rdmallocs();
+  ASSERT_NE(h, nullptr);
+  ASSERT_NE(h->merge, nullptr);
+  constexpr size_t kPage = 4096, kChunk = size_t{2} << 20;
+  auto merge = [&](uintptr_t a, uintptr_t b) {
+    return h->merge(h, reinterpret_cast<void*>(a), b - a, reinterpret_cast<void*>(b), kPage, true, 0);
+  };
+  void* p = malloc(3 << 20);
+  void* q = malloc(3 << 20);
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(q, nullptr);
+  rdmalloc_keys kp, kq;
+  ASSERT_EQ(rdmalloc_lookup(p, 1, nullptr, &kp), RDMALLOC_OK);
+  ASSERT_EQ(rdmalloc_lookup(q, 1, nullptr, &kq), RDMALLOC_OK);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(kp.region_base);
+  const uintptr_t end = base + kp.region_len;
+  ASSERT_GE(kp.region_len, 2 * kChunk) << "the premise: a region of two chunks or more";
+
+  EXPECT_FALSE(merge(base, base + kPage)) << "inside one chunk of one region";
+  EXPECT_FALSE(merge(base + kChunk - kPage, base + kChunk)) << "across a chunk, one region";
+  EXPECT_FALSE(merge(base, end - kPage)) << "the whole region";
+  EXPECT_TRUE(merge(end - kPage, end)) << "the region's end and what follows it";
+  EXPECT_TRUE(merge(base - kPage, base)) << "what precedes the region and its start";
+  if (kq.region_base != kp.region_base) {
+    const uintptr_t other = reinterpret_cast<uintptr_t>(kq.region_base);
+    EXPECT_TRUE(h->merge(h, reinterpret_cast<void*>(end - kPage), kPage,
+                         reinterpret_cast<void*>(other), kPage, true, 0))
+        << "two regions";
+  }
+  // Foreign memory (the default hooks decide): two pages of a mapping of ours.
+  void* m = mmap(nullptr, 2 * kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  const uintptr_t f = (reinterpret_cast<uintptr_t>(m) + kChunk - 1) & ~(kChunk - 1);
+  EXPECT_FALSE(merge(f, f + kPage)) << "foreign, inside a chunk";
+  EXPECT_TRUE(h->merge(h, reinterpret_cast<void*>(f), kPage, reinterpret_cast<void*>(base), kPage,
+                       true, 0))
+      << "foreign and a region";
+  munmap(m, 2 * kChunk);
+  free(p);
+  free(q);
+}
+
 }  // namespace
