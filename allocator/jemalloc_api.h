@@ -55,6 +55,10 @@ extent_hooks_t* je_base_extent_hooks_set(void* base, extent_hooks_t* hooks);
 // on (false), which jemalloc counts.
 bool rdmj_in_jemalloc();
 void rdmj_all_slow_paths(bool on);
+// Access classes now exist: every thread's free fast path off for good, so
+// that free's class check lives on its slow path. After g_classes_in_use is
+// set, before class memory is handed out; API context.
+void rdmj_classes_started();
 
 void* rdmj_malloc(size_t size);
 void* rdmj_calloc(size_t n, size_t size);

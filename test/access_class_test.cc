@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <new>
 #include <set>
@@ -170,6 +171,57 @@ TEST(AccessClass, FreedClassBlocksAreNotReusedByMallocOrNew) {
     ASSERT_NE(q, c) << (i % 2 == 0 ? "sized" : "sized aligned") << " delete cached a class block";
     ::operator delete(q, size_t{48});
   }
+}
+
+// A thread that freed (and so has a fast free path) before the first class
+// allocation in the process frees class blocks past its cache all the same:
+// free's fast path is jemalloc's own, with no class check, and starting
+// classes holds every thread's free fast path off (third_party/
+// jemalloc_rdmalloc.patch). In a fresh process, where no class exists yet.
+TEST(AccessClass, ThreadsStartedBeforeClassesExistKeepClassBlocksOutOfTheirCaches) {
+  if (!rdmalloc_test::IsRerunChild()) {
+    EXPECT_EQ(rdmalloc_test::RerunSelf(
+                  "AccessClass.ThreadsStartedBeforeClassesExistKeepClassBlocksOutOfTheirCaches",
+                  {}),
+              0);
+    return;
+  }
+  constexpr int kBlocks = 64;
+  std::atomic<int> stage{0};
+  std::vector<void*> blocks(kBlocks);
+  std::atomic<int> cached{0}, plain_rights_wrong{0};
+  std::thread early([&] {
+    // Nothing between the classes' start and the frees may allocate: an
+    // allocation can trigger a thread event, whose recompute would catch
+    // up with the classes anyway.
+    std::vector<void*> plain;
+    plain.reserve(4 * kBlocks);
+    for (int i = 0; i < 10000; i++) free(malloc(48));  // a warm cache, a fast free path
+    stage.store(1);
+    while (stage.load() != 2) std::this_thread::yield();
+    for (int i = 0; i < kBlocks; i++) {
+      if (i % 2 == 0) {
+        free(blocks[i]);
+      } else {
+        ::operator delete(blocks[i], size_t{48});
+      }
+    }
+    for (int i = 0; i < 4 * kBlocks; i++) plain.push_back(i % 2 == 0 ? malloc(48) : ::operator new(48));
+    for (void* p : plain) {
+      if (std::find(blocks.begin(), blocks.end(), p) != blocks.end()) cached++;
+      if (Keys(p, 48).access != RDMALLOC_ACCESS_LOCAL_WRITE) plain_rights_wrong++;
+    }
+    for (void* p : plain) free(p);
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  for (void*& b : blocks) {
+    b = rdmalloc_alloc(48, RDMALLOC_REMOTE_WRITE);
+    ASSERT_NE(b, nullptr);
+  }
+  stage.store(2);
+  early.join();
+  EXPECT_EQ(cached.load(), 0) << "class blocks came back from a thread cache";
+  EXPECT_EQ(plain_rights_wrong.load(), 0);
 }
 
 // jemalloc's own API with an explicit thread cache: class memory still
