@@ -162,9 +162,9 @@ struct alignas(64) Region {
   uintptr_t begin() const { return base.load(std::memory_order_relaxed); }
   size_t length() const { return size.load(std::memory_order_relaxed); }
   bool Contains(uintptr_t a, size_t n) const {
-    uintptr_t base = begin();
-    size_t size = length();
-    return a >= base && a - base <= size && n <= size - (a - base);
+    uintptr_t first = begin();
+    size_t bytes = length();
+    return a >= first && a - first <= bytes && n <= bytes - (a - first);
   }
 };
 

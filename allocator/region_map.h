@@ -60,7 +60,7 @@ class RegionMap {
     std::atomic<Region*> slot[kLeafSize];
   };
 
-  // 512 KiB of zero pages until regions are set: one 4 KiB page per GiB used.
+  // 512 KiB, untouched until regions are set: one 4 KiB page per GiB of heap.
   static constexpr size_t kGuesses = size_t{1} << 16;
 
   std::atomic<Leaf*> top_[kTopSize] = {};
