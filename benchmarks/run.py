@@ -77,8 +77,14 @@ def workloads(rounds, threads_list):
             for a in ALLOCATORS:
                 row[a] = median(res[a]["ops"])
                 row[a + "_rss"] = max(res[a]["rss"])
-            row["rdm_vs_jem"] = row["rdmalloc"] / row["jemalloc"]
-            row["rdm_vs_glibc"] = row["rdmalloc"] / row["glibc"]
+                row[a + "_rounds"] = res[a]["ops"]
+            # Ratios within each round (the allocators ran back to back), then
+            # their median: noise that changes between rounds cancels.
+            vs_jem = [r / j for r, j in zip(res["rdmalloc"]["ops"], res["jemalloc"]["ops"])]
+            vs_glibc = [r / g for r, g in zip(res["rdmalloc"]["ops"], res["glibc"]["ops"])]
+            row["rdm_vs_jem"] = median(vs_jem)
+            row["rdm_vs_jem_range"] = [min(vs_jem), max(vs_jem)]
+            row["rdm_vs_glibc"] = median(vs_glibc)
             row["rss_vs_jem"] = row["rdmalloc_rss"] / row["jemalloc_rss"]
             rows.append(row)
             print(f"{name:14s} t={threads} glibc={row['glibc']:.3g} jemalloc={row['jemalloc']:.3g} "
@@ -386,14 +392,20 @@ def write_markdown(path, res):
              "this one run; the machine is shared and noisy, so read ratios, not absolute values.\n")
     L.append("![throughput and message path](benchmarks.png)\n")
     L.append("## Allocator workloads\n")
-    L.append(f"Operations per second, median of {res['rounds']} interleaved runs per allocator "
-             "(same binaries; see `benchmarks/workloads/README.md`). Peak RSS is the largest of the runs.\n")
-    L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | rdmalloc / glibc | "
-             "peak RSS jemalloc | peak RSS rdmalloc | RSS rdmalloc / jemalloc |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    L.append(f"Operations per second, median of {res['rounds']} rounds; each round runs the three "
+             "allocators back to back (same binaries; see `benchmarks/workloads/README.md`). The "
+             "ratios are taken within each round and their median is shown, with the lowest and "
+             "highest round: noise that changes between rounds cancels, and a wide range says the "
+             "workload itself swings (xmalloc at 2 threads flips between two speeds with thread "
+             "placement, for every allocator). Peak RSS is the largest of the runs.\n")
+    L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | rounds' range | "
+             "rdmalloc / glibc | peak RSS jemalloc | peak RSS rdmalloc | RSS rdmalloc / jemalloc |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        spread = "%.2f–%.2f" % tuple(r["rdm_vs_jem_range"]) if "rdm_vs_jem_range" in r else "—"
         L.append(f"| {r['workload']} | {r['threads']} | {r['glibc']:.3g} | {r['jemalloc']:.3g} | "
-                 f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {r['rdm_vs_glibc']:.3f} | "
+                 f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {spread} | "
+                 f"{r['rdm_vs_glibc']:.3f} | "
                  f"{r['jemalloc_rss'] / 1024:.1f} MiB | {r['rdmalloc_rss'] / 1024:.1f} MiB | "
                  f"{r['rss_vs_jem']:.2f} |")
     worst = min(rows, key=lambda r: r["rdm_vs_jem"])
