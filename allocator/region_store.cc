@@ -27,10 +27,7 @@ size_t RoundUp(size_t v, size_t to) { return (v + to - 1) & ~(to - 1); }
 
 Region* RegionStore::RegionOf(const void* addr, size_t size) const {
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  Region* r = map_.Find(a);
-  if (r == nullptr || !(r->seq.load(std::memory_order_acquire) & 1) || !r->Contains(a, size))
-    return nullptr;
-  return r;
+  return IfLiveAndHolding(map_.Find(a), a, size);
 }
 
 // Counts the acquisitions that had to wait: the thread-scaling benchmark

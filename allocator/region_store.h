@@ -56,7 +56,11 @@ class RegionStore {
   // RegionOf). For the hooks' hot path.
   Region* GuessRegionOf(const void* addr, size_t size) const {
     uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-    Region* r = map_.Guess(a);
+    return IfLiveAndHolding(map_.Guess(a), a, size);
+  }
+
+  // r if it is live and wholly contains [a, a+size), else nullptr.
+  static Region* IfLiveAndHolding(Region* r, uintptr_t a, size_t size) {
     if (r == nullptr || !(r->seq.load(std::memory_order_acquire) & 1) || !r->Contains(a, size))
       return nullptr;
     return r;
