@@ -2,11 +2,12 @@
 """Runs rdmalloc's benchmarks side by side and writes docs/BENCHMARKS.md.
 
 Allocator workloads: the same binaries under glibc, stock Debian jemalloc and
-rdmalloc (LD_PRELOAD), interleaved A B C A B C ..., medians of N rounds, peak
-RSS of each run. Then the lookup and message-path benchmarks (in-process,
+rdmalloc (LD_PRELOAD, fresh copies of the libraries each round), interleaved
+A B C, B C A, ..., medians of N rounds, peak RSS of each run. Then the lookup and message-path benchmarks (in-process,
 Google Benchmark). This machine is noisy: compare ratios from one run only.
 """
 import argparse
+import atexit
 import datetime
 import glob
 import json
@@ -14,9 +15,11 @@ import os
 import platform
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,12 +33,49 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
 
 
-def preload(allocator):
+def installed_library(allocator):
     if allocator == "glibc":
         return None
     if allocator == "jemalloc":
         return sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))[0]
     return os.path.join(BIN, "allocator", "librdmalloc.so")
+
+
+# Byte-identical copies of one library ran small_loop up to 25 % apart, stable
+# for a copy across runs: where the kernel placed the file's pages (the text's
+# physical layout) shows in the allocator's speed. Each round therefore
+# preloads fresh copies of both libraries, written the same way, so placement
+# varies from round to round like the rest of the noise instead of favouring
+# one allocator for a whole run.
+COPIES = {}
+COPY_DIR = None
+
+
+def fresh_copies():
+    global COPY_DIR
+    if COPY_DIR is None:
+        COPY_DIR = tempfile.mkdtemp(prefix="rdmalloc_bench_libs.")
+        atexit.register(shutil.rmtree, COPY_DIR, True)
+    for lib in COPIES.values():
+        os.unlink(lib)
+    COPIES.clear()
+    for a in ALLOCATORS:
+        src = installed_library(a)
+        if src:
+            fd, dst = tempfile.mkstemp(dir=COPY_DIR, prefix=a + ".", suffix=".so")
+            os.close(fd)
+            shutil.copyfile(src, dst)
+            COPIES[a] = dst
+
+
+def preload(allocator):
+    return COPIES.get(allocator) or installed_library(allocator)
+
+
+def round_order(i):
+    """The allocators in round i: rotated, so none always runs first or last."""
+    k = i % len(ALLOCATORS)
+    return ALLOCATORS[k:] + ALLOCATORS[:k]
 
 
 def run_once(binary, args, allocator, extra_env=None, fields_out=None):
@@ -68,8 +108,9 @@ def workloads(rounds, threads_list):
         binary = os.path.join(BIN, "benchmarks", "workloads", name)
         for threads in threads_list:
             res = {a: {"ops": [], "rss": []} for a in ALLOCATORS}
-            for _ in range(rounds):
-                for a in ALLOCATORS:  # interleaved: A B C A B C ...
+            for i in range(rounds):
+                fresh_copies()
+                for a in round_order(i):  # interleaved: A B C B C A ...
                     ops, rss = run_once(binary, [str(threads)], a)
                     res[a]["ops"].append(ops)
                     res[a]["rss"].append(rss)
@@ -109,8 +150,9 @@ def scaling(rounds):
         for threads in SCALING_THREADS:
             res = {a: [] for a in ALLOCATORS}
             waits = []
-            for _ in range(rounds):
-                for a in ALLOCATORS:
+            for i in range(rounds):
+                fresh_copies()
+                for a in round_order(i):
                     fields = {}
                     ops, _ = run_once(binary, [str(threads)], a, extra, fields)
                     res[a].append(ops)
@@ -148,8 +190,9 @@ def startup(runs):
     rows = []
     for name, cmd in startup_programs():
         res = {a: {"s": [], "rss": []} for a in ALLOCATORS}
-        for _ in range(runs):
-            for a in ALLOCATORS:
+        for i in range(runs):
+            fresh_copies()
+            for a in round_order(i):
                 env = dict(os.environ)
                 env.pop("LD_PRELOAD", None)
                 out = sh([os.path.join(BIN, "benchmarks", "workloads", "spawn_rss"), preload(a) or ""]
@@ -393,7 +436,10 @@ def write_markdown(path, res):
     L.append("![throughput and message path](benchmarks.png)\n")
     L.append("## Allocator workloads\n")
     L.append(f"Operations per second, median of {res['rounds']} rounds; each round runs the three "
-             "allocators back to back (same binaries; see `benchmarks/workloads/README.md`). The "
+             "allocators back to back, in an order rotated each round, each preloaded from a fresh "
+             "copy of its library (same binaries; see `benchmarks/workloads/README.md`; where a "
+             "library file's pages lie showed in its speed, up to 25 % between byte-identical "
+             "copies). The "
              "ratios are taken within each round and their median is shown, with the lowest and "
              "highest round: noise that changes between rounds cancels, and a wide range says the "
              "workload itself swings (xmalloc at 2 threads flips between two speeds with thread "
