@@ -33,7 +33,7 @@ std::atomic<bool> g_internal[kMaxArenas];
 
 // Check, then act, as one step: no arena can be destroyed and made anew
 // between the guard's look at its hooks and the write.
-SpinLock g_control_lock{LockRank::kControl};
+SpinLock<LockRank::kControl> g_control_lock;
 
 void ForkPrepare() { g_control_lock.Lock(); }
 void ForkParent() { g_control_lock.Unlock(); }

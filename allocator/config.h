@@ -53,6 +53,24 @@ struct Config {
   int interpose = 1;  // serve the program's ibv_reg_mr from the heap's registrations
 };
 
+// A Config that is all zero bytes until set. Config{} holds the defaults, and
+// one non-zero byte in an object puts the whole object in the library file's
+// .data: the heap, with its megabytes of tables, would then be file pages
+// that the kernel maps in around every first read (fault-around), and a
+// program that mallocs 100 bytes would carry 100 KiB more. Read only after Set.
+class ConfigSlot {
+ public:
+  constexpr ConfigSlot() : unset_() {}
+  void Set(const Config& c) { config_ = c; }
+  const Config& get() const { return config_; }
+
+ private:
+  union {
+    char unset_;
+    Config config_;
+  };
+};
+
 constexpr size_t kMinRegionSize = size_t{2} << 20;
 constexpr size_t kMaxRegionSize = size_t{1} << 36;
 

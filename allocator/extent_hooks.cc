@@ -24,7 +24,7 @@ namespace {
 constexpr unsigned kMaxArenas = 4096;
 std::atomic<uint8_t> g_arena_class[kMaxArenas];
 std::atomic<unsigned> g_class_arena[kAccessClasses];
-SpinLock g_class_lock{LockRank::kClassArenas};
+SpinLock<LockRank::kClassArenas> g_class_lock;
 
 unsigned ClassOfArena(unsigned arena_ind) {
   if (arena_ind >= kMaxArenas) return 0;

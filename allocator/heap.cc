@@ -34,7 +34,7 @@ Heap::Stripe* Heap::AssignStripe() {
 }
 
 void Heap::Configure(const Config& config) {
-  config_ = config;
+  config_.Set(config);
   SetLogLevel(config.verbose);
   store_.set_region_size(config.region_size);
   store_.set_retain(config.retain);
@@ -49,7 +49,7 @@ void Heap::Start() {
   // Eager registration starts at once; otherwise the backend opens at first
   // use (with RDMALLOC_VERBOSE now, so that the start-up line names it;
   // verbs still at first use).
-  if (regs_.eager() || (config_.verbose > 0 && !regs_.verbs_chosen())) EnsureBackend();
+  if (regs_.eager() || (config().verbose > 0 && !regs_.verbs_chosen())) EnsureBackend();
 }
 
 // ------------------------------------------------------------------ hooks
@@ -288,12 +288,12 @@ int Heap::ServeRegistrationSlow(ibv_pd* pd, const void* addr, size_t len, int ac
   Region* r = store_.RegionOf(addr, len);
   if (r == nullptr) return RDMALLOC_ENOTOURS;  // not heap, or crossing regions
   int d = regs_.DomainIndex(pd);
-  if ((access & ~regs_.RegionAccess(r, d, config_.access)) != 0)
+  if ((access & ~regs_.RegionAccess(r, d, config().access)) != 0)
     return RDMALLOC_ENOTSUP;  // rights beyond the region's
   if (d < 0) {
     // A pd seen for the first time: the heap is registered on it with the
     // plain heap's rights, as rdmalloc_add_pd would.
-    int rc = AddDomain(pd, config_.access);
+    int rc = AddDomain(pd, config().access);
     if (rc != RDMALLOC_OK && regs_.DomainIndex(pd) < 0) return rc;
   }
   rdmalloc_keys keys;

@@ -70,7 +70,7 @@ class Heap {
   // first extent, Start after the hooks are checked.
   void Configure(const Config& config);
   void Start();
-  const Config& config() const { return config_; }
+  const Config& config() const { return config_.get(); }
 
   // --- Hook side: may run inside jemalloc; never allocates, never blocks on
   // a lock that a malloc-calling thread could hold.
@@ -214,7 +214,7 @@ class Heap {
   void InstallForkHandlers();
   void ForkChild();
 
-  Config config_;
+  ConfigSlot config_;
   RegionStore store_;
   Registrations regs_;
   ReleasePipeline release_;

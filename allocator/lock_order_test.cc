@@ -12,8 +12,10 @@ namespace rdmalloc {
 namespace {
 
 TEST(LockOrder, AscendingRanksAreAllowed) {
-  SpinLock api(LockRank::kApi), region(LockRank::kRegion), heap(LockRank::kHeap),
-      queue(LockRank::kReleaseQueue);
+  SpinLock<LockRank::kApi> api;
+  SpinLock<LockRank::kRegion> region;
+  SpinLock<LockRank::kHeap> heap;
+  SpinLock<LockRank::kReleaseQueue> queue;
   api.Lock();
   region.Lock();
   witness::CallingJemalloc();  // ibv_reg_mr mallocs under reg_lock: allowed
@@ -27,8 +29,8 @@ TEST(LockOrder, AscendingRanksAreAllowed) {
 
 TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
   auto heap_then_api = [] {
-    SpinLock heap(LockRank::kHeap);
-    SpinLock api(LockRank::kApi);
+    SpinLock<LockRank::kHeap> heap;
+    SpinLock<LockRank::kApi> api;
     heap.Lock();
     api.Lock();
   };
@@ -38,8 +40,8 @@ TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
 
 TEST(LockOrder, TwoLocksOfOneRankAbort) {
   auto two_regions = [] {
-    SpinLock a(LockRank::kRegion);
-    SpinLock b(LockRank::kRegion);
+    SpinLock<LockRank::kRegion> a;
+    SpinLock<LockRank::kRegion> b;
     a.Lock();
     b.Lock();
   };
@@ -50,7 +52,7 @@ TEST(LockOrder, TwoLocksOfOneRankAbort) {
 TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
   EXPECT_DEATH(
       {
-        SpinLock heap(LockRank::kHeap);
+        SpinLock<LockRank::kHeap> heap;
         heap.Lock();
         witness::CallingJemalloc();
       },
@@ -58,7 +60,7 @@ TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
 }
 
 TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
-  SpinLock region(LockRank::kRegion);
+  SpinLock<LockRank::kRegion> region;
   {
     HookScope in_jemalloc;
     ASSERT_TRUE(region.TryLock());  // TryLock never waits: allowed
@@ -73,7 +75,8 @@ TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
 }
 
 TEST(LockOrder, AForkChildForgetsWhatItHeld) {
-  SpinLock heap(LockRank::kHeap), api(LockRank::kApi);
+  SpinLock<LockRank::kHeap> heap;
+  SpinLock<LockRank::kApi> api;
   heap.Lock();
   heap.ResetAfterFork();
   witness::ForgetHeld();

@@ -28,9 +28,10 @@ struct RegSlot {
   std::atomic<uint32_t> rkey{0};
   // Keys step by (addr - region base) >> step_shift; kNoStep (63) when the
   // registrar's key_shift is 0 (one key for the region), so the hit path
-  // computes the step with no branch.
+  // computes the step with no branch. Set with the keys; 0 until then, like
+  // every other byte of an unused descriptor (RegionStore's pool is .bss).
   static constexpr uint32_t kNoStep = 63;
-  std::atomic<uint32_t> step_shift{kNoStep};
+  std::atomic<uint32_t> step_shift{0};
   static uint32_t StepShift(uint32_t key_shift) { return key_shift != 0 ? key_shift : kNoStep; }
   uint32_t key_shift() const {
     uint32_t shift = step_shift.load(std::memory_order_relaxed);
@@ -155,7 +156,7 @@ struct alignas(64) Region {
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).
-  SpinLock reg_lock{LockRank::kRegion};
+  SpinLock<LockRank::kRegion> reg_lock;
   std::atomic<bool> release_wanted{false};
   std::atomic<int> registrations{0};
 

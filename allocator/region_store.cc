@@ -132,8 +132,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   size_t grow;
   {
     SpinLockGuard g(s.lock);
-    size_t next = s.next_region_bytes[access_class];
-    grow = next < region_size_ ? next : region_size_;
+    grow = std::min(kChunkSize << s.doublings[access_class], region_size_);
   }
   // A shared region has room for the request and as much again, up to the
   // largest shared region: one made just big enough for a large block holds
@@ -188,7 +187,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
     r->next = *link;
     *link = r;
     s.pages_in_use.fetch_add(size >> kPageShift, std::memory_order_relaxed);
-    if (s.next_region_bytes[access_class] < region_size_) s.next_region_bytes[access_class] *= 2;
+    if ((kChunkSize << s.doublings[access_class]) < region_size_) s.doublings[access_class]++;
   }
   regions_created_.fetch_add(1, std::memory_order_relaxed);
   return r;

@@ -174,10 +174,11 @@ class RegionStore {
  private:
   Gave DropLast(Region* r);
   struct alignas(64) Shard {
-    SpinLock lock{LockRank::kHeap};
+    SpinLock<LockRank::kHeap> lock;
     Region* regions = nullptr;  // by address
-    size_t next_region_bytes[kAccessClasses] = {kChunkSize, kChunkSize, kChunkSize, kChunkSize,
-                                                kChunkSize, kChunkSize, kChunkSize, kChunkSize};
+    // A shared region of each access class is kChunkSize << doublings[class]
+    // bytes, up to region_size_: the first regions stay small.
+    uint8_t doublings[kAccessClasses] = {};
     std::atomic<uint64_t> pages_in_use{0};
     std::atomic<int> hook_busy{0};
     std::atomic<uint64_t> lock_waits{0};
@@ -200,13 +201,16 @@ class RegionStore {
   Region* TakeDescriptor();
   void Recycle(Region* r);
 
-  size_t region_size_ = size_t{64} << 20;
-  size_t retain_ = size_t{128} << 20;
+  // Set before the first Carve (Heap::Configure). Zero until then, as is
+  // every member: the heap holding this store is constant-initialised to
+  // zero bytes, into .bss (ConfigSlot says why that matters).
+  size_t region_size_ = 0;
+  size_t retain_ = 0;
   std::atomic<uint64_t> retained_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0};
   RegionMap map_;
   Shard shards_[kShards];
-  SpinLock pool_lock_{LockRank::kHeap};  // never held with a shard lock
+  SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
   std::atomic<size_t> descriptors_used_{0};
   std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0},

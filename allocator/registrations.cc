@@ -28,12 +28,12 @@ testing::RegistrarWrapper g_registrar_wrapper = nullptr;
 void testing::SetRegistrarWrapper(RegistrarWrapper wrap) { g_registrar_wrapper = wrap; }
 
 void Registrations::Configure(const Config& config) {
-  config_ = config;
+  config_.Set(config);
   eager_ = config.register_mode == RegisterMode::kEager;
 }
 
 void Registrations::ChooseBackend() {
-  switch (config_.backend) {
+  switch (config().backend) {
     case BackendChoice::kVerbs: kind_ = Kind::kVerbs; break;
     case BackendChoice::kUring: kind_ = Kind::kUring; break;
     case BackendChoice::kNone: kind_ = Kind::kNone; break;
@@ -60,8 +60,8 @@ int Registrations::EnsureBackend() {
   if (backend_ready_.load(std::memory_order_relaxed)) return backend_err_;
   if (kind_ == Kind::kVerbs) {
     VerbsApi api;
-    if (LoadVerbsApi(config_.verbs_library, &api) == 0) {
-      registrar_ = MakeVerbsRegistrar(api, config_.device).release();
+    if (LoadVerbsApi(config().verbs_library, &api) == 0) {
+      registrar_ = MakeVerbsRegistrar(api, config().device).release();
     } else {
       kind_ = UringProbe() == 0 ? Kind::kUring : Kind::kNone;
     }
@@ -75,8 +75,8 @@ int Registrations::EnsureBackend() {
     registrar_ = g_registrar_wrapper(registrar_);
   int err = ENODEV;
   if (registrar_ != nullptr) {
-    if (Domain* dom = registrar_->OpenDomain(nullptr, config_.access, &err)) {
-      domains_[0].access.store(config_.access, std::memory_order_relaxed);
+    if (Domain* dom = registrar_->OpenDomain(nullptr, config().access, &err)) {
+      domains_[0].access.store(config().access, std::memory_order_relaxed);
       domains_[0].domain.store(dom, std::memory_order_release);
       domains_[0].state.store(DomainSlot::kOpen);
       err = 0;
@@ -87,7 +87,7 @@ int Registrations::EnsureBackend() {
   Log(1, "backend %s (%s)%s, %s registration, regions up to %zu MiB%s",
       registrar_ != nullptr ? registrar_->name() : "none", DeviceDescription(),
       err != 0 ? ", default domain failed to open" : "", eager_ ? "eager" : "lazy",
-      config_.region_size >> 20, config_.max_pinned != kNoPinLimit ? ", pinning capped" : "");
+      config().region_size >> 20, config().max_pinned != kNoPinLimit ? ", pinning capped" : "");
   if (err == 0 && eager_ && opened_ != nullptr) opened_(opened_ctx_);
   return err;
 }
@@ -101,7 +101,7 @@ const char* Registrations::DeviceDescription() {
   if (!backend_ready_.load(std::memory_order_acquire)) EnsureBackend();
   if (registrar_ == nullptr) return "no backend: nothing is registered";
   if (kind_ == Kind::kUring)
-    return config_.backend == BackendChoice::kAuto
+    return config().backend == BackendChoice::kAuto
                ? "no RDMA device found: pinning through io_uring"
                : "pinning through io_uring";
   return registrar_->device_name();
@@ -170,7 +170,7 @@ int Registrations::Register(Region* r, int d) {
   // The cap is claimed before registering, so racing registrations cannot
   // overshoot it together.
   uint64_t claimed = bytes_registered_.fetch_add(r->length()) + r->length();
-  if (claimed > config_.max_pinned) {
+  if (claimed > config().max_pinned) {
     bytes_registered_.fetch_sub(r->length());
     cap_hits_.fetch_add(1, std::memory_order_relaxed);
     s.state.store(RegSlot::kFailed, std::memory_order_relaxed);
@@ -268,7 +268,7 @@ void Registrations::FillStats(struct rdmalloc_stats* s) const {
   s->dereg_ns = get(dereg_ns_);
   s->reg_failures = get(reg_failures_);
   s->cap_hits = get(cap_hits_);
-  s->max_pinned = config_.max_pinned;
+  s->max_pinned = config().max_pinned;
   for (int d = 0; d < kMaxDomains; d++) {
     rdmalloc_domain_stats& o = s->domain[d];
     const DomainCounters& dc = domain_counters_[d];

@@ -80,7 +80,7 @@ class Registrations {
   int BeginRemove(ibv_pd* pd, int* slot);
   void FinishRemove(int d);
   // Serialises backend start and the domain table (rank kApi).
-  SpinLock& lock() { return lock_; }
+  auto& lock() { return lock_; }
 
   // One region, one domain; r->reg_lock held.
   int Register(Region* r, int d);
@@ -114,9 +114,10 @@ class Registrations {
       reg_failures = 0;
     }
   };
-  enum class Kind { kVerbs, kUring, kNone };
+  enum class Kind { kNone, kVerbs, kUring };
+  const Config& config() const { return config_.get(); }
 
-  Config config_;
+  ConfigSlot config_;
   bool eager_ = false;
   void (*opened_)(void* ctx) = nullptr;
   void* opened_ctx_ = nullptr;
@@ -125,7 +126,7 @@ class Registrations {
   Registrar* registrar_ = nullptr;
   std::atomic<int> backend_ready_{0};
   int backend_err_ = 0;
-  SpinLock lock_{LockRank::kApi};
+  SpinLock<LockRank::kApi> lock_;
   DomainSlot domains_[kMaxDomains];
   DomainCounters domain_counters_[kMaxDomains];
   std::atomic<uint64_t> bytes_registered_{0}, bytes_pinned_{0}, reg_calls_{0}, dereg_calls_{0},

@@ -62,8 +62,8 @@ class ReleasePipeline {
   // Fork: the observer table's lock is rank kObservers, the queue's
   // kReleaseQueue. The child has no release thread; its first malloc or
   // rdmalloc_* call starts one again, which takes over the queue.
-  SpinLock& observer_lock() { return observer_lock_; }
-  SpinLock& queue_lock() { return queue_lock_; }
+  auto& observer_lock() { return observer_lock_; }
+  auto& queue_lock() { return queue_lock_; }
   void ResetAfterFork();  // the queue's lock and the thread's state
 
  private:
@@ -86,13 +86,13 @@ class ReleasePipeline {
 
   FinishFn finish_ = nullptr;
   void* finish_ctx_ = nullptr;
-  SpinLock queue_lock_{LockRank::kReleaseQueue};
+  SpinLock<LockRank::kReleaseQueue> queue_lock_;
   Region* queue_ = nullptr;
   std::atomic<int> pending_count_{0};
   std::atomic<int> releasing_{0};  // taken off the queue, not yet finished
   std::atomic<int> work_{0};       // the thread's futex word: work was added
   std::atomic<bool> thread_{false};
-  SpinLock observer_lock_{LockRank::kObservers};
+  SpinLock<LockRank::kObservers> observer_lock_;
   Observer observers_[kMaxObservers];
   Goodbye* goodbyes_ = nullptr;  // observer_lock_
   std::atomic<int> goodbyes_owed_{0};

@@ -44,10 +44,10 @@ namespace {
 constexpr unsigned kServableRights =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
     IBV_ACCESS_REMOTE_ATOMIC;
-static_assert(IBV_ACCESS_LOCAL_WRITE == RDMALLOC_ACCESS_LOCAL_WRITE &&
-                  IBV_ACCESS_REMOTE_WRITE == RDMALLOC_ACCESS_REMOTE_WRITE &&
-                  IBV_ACCESS_REMOTE_READ == RDMALLOC_ACCESS_REMOTE_READ &&
-                  IBV_ACCESS_REMOTE_ATOMIC == RDMALLOC_ACCESS_REMOTE_ATOMIC,
+static_assert(int{IBV_ACCESS_LOCAL_WRITE} == int{RDMALLOC_ACCESS_LOCAL_WRITE} &&
+                  int{IBV_ACCESS_REMOTE_WRITE} == int{RDMALLOC_ACCESS_REMOTE_WRITE} &&
+                  int{IBV_ACCESS_REMOTE_READ} == int{RDMALLOC_ACCESS_REMOTE_READ} &&
+                  int{IBV_ACCESS_REMOTE_ATOMIC} == int{RDMALLOC_ACCESS_REMOTE_ATOMIC},
               "rdmalloc's rights are libibverbs' bits");
 
 struct RealVerbs {
@@ -220,7 +220,7 @@ class MrTable {
     tracked_--;
     return rec;
   }
-  SpinLock& lock() { return lock_; }
+  auto& lock() { return lock_; }
 
  private:
   struct Entry {
@@ -285,7 +285,7 @@ class MrTable {
     return true;
   }
 
-  SpinLock lock_{LockRank::kMrTable};
+  SpinLock<LockRank::kMrTable> lock_;
   MrRecord* free_head_ = nullptr;  // first and last batch
   MrRecord* free_tail_ = nullptr;
   std::atomic<MrRecord*> chunk_[kMaxChunks] = {};

@@ -188,7 +188,7 @@ class UringDomain final : public Domain {
   bool open_ = false;
   // One lock for the slot table, (re)opening, the submission queue and the
   // wire: transfers are test/health-check traffic, registration is rare.
-  SpinLock lock_{LockRank::kRing};
+  SpinLock<LockRank::kRing> lock_;
   uint64_t used_[kUringSlots / 64] = {};
 };
 
