@@ -226,8 +226,39 @@ int Heap::LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd, rdmalloc
   return Lookup(addr, len, pd, out);
 }
 
-int Heap::LookupUnguessed(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
-  return LookupIn<false>(store_.Find(a), a, len, d, out);
+int Heap::LookupInDomain(uintptr_t a, size_t len, ibv_pd* pd, rdmalloc_keys* out) {
+  int d = regs_.DomainIndex(pd);
+  if (d < 0) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
+  return LookupHit(store_.Guess(a), a, len, d, out);
+}
+
+int Heap::LookupRegion(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
+  Region* r = store_.Find(a);
+  if (r == nullptr) return MissOutside(a, len);
+  uint64_t seq = r->seq.load(std::memory_order_acquire);
+  uintptr_t base = r->begin();
+  size_t size = r->length();
+  // a < base wraps around to a - base >= size.
+  if (!(seq & 1) || a - base >= size) return MissOutside(a, len);
+  if (len > size - (a - base)) return MissOutside(a, len, RDMALLOC_ECROSS, &Stripe::cross);
+  out->region_base = reinterpret_cast<void*>(base);
+  out->region_len = size;
+  out->addr = reinterpret_cast<const void*>(a);
+  out->len = len;
+  out->reg_errno = 0;
+  out->domain = d;
+  RegSlot& s = r->reg[d];
+  uint32_t q = s.seq.load(std::memory_order_acquire);
+  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
+    FillKeys(r, d, a, len, s.lkey.load(std::memory_order_relaxed),
+             s.rkey.load(std::memory_order_relaxed), s.step_shift.load(std::memory_order_relaxed),
+             s.handle.load(std::memory_order_relaxed), s.access.load(std::memory_order_relaxed),
+             out);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq)
+      return RDMALLOC_OK;
+  }
+  return LookupSlow(out);
 }
 
 int Heap::MissOutside(uintptr_t a, size_t len, int code, std::atomic<uint64_t> Stripe::*counter) {

@@ -173,11 +173,14 @@ class Heap {
   // A miss of the hit path, counted on this thread's stripe, found again
   // (one TLS load) rather than kept live across the hit path.
   inline int Miss(int code, std::atomic<uint64_t> Stripe::*counter);
-  template <bool kGuessed>
-  __attribute__((always_inline)) inline int LookupIn(Region* r, uintptr_t a, size_t len, int d,
-                                                    rdmalloc_keys* out);
-  // The map's guess was wrong: the hit path again with its answer.
-  __attribute__((noinline)) int LookupUnguessed(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  __attribute__((always_inline)) inline int LookupHit(Region* r, uintptr_t a, size_t len, int d,
+                                                     rdmalloc_keys* out);
+  // A lookup under a pd other than NULL.
+  __attribute__((noinline)) int LookupInDomain(uintptr_t a, size_t len, ibv_pd* pd,
+                                               rdmalloc_keys* out);
+  // Everything but a hit: the radix map's answer, checked under the region's
+  // seq; misses, retries and registration (LookupSlow) from here.
+  __attribute__((noinline)) int LookupRegion(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
   // A miss once addr is known: EINVAL if [a, a+len) wraps the address space
   // (which the hit path never checks), else `code`.
   __attribute__((noinline)) int MissOutside(uintptr_t a, size_t len, int code = RDMALLOC_ENOTOURS,
@@ -260,58 +263,52 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
   out->access = access;
 }
 
-// The hit path is a leaf: no call but tail calls, and few enough live values
-// that it saves no register (a thread's first lookup, every miss and every
-// retry go elsewhere). Keys go straight to *out and are checked afterwards (a
-// seqlock read): when the check fails, the slow path overwrites them.
+// The hit path is a leaf: no call but tail calls (a thread's first lookup, a
+// pd, every miss and every retry go elsewhere). It reads one cache line, the
+// slot of the region the guess table names: the slot holds the region's range
+// with its keys, under its own seq. Keys go straight to *out and are checked
+// afterwards (a seqlock read): when the check fails, LookupRegion overwrites
+// them.
 __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t len, ibv_pd* pd,
                                                        rdmalloc_keys* out) {
   Stripe* stripe = t_stripe;
   if (__builtin_expect(stripe == nullptr, 0)) return LookupFirstOnThread(addr, len, pd, out);
   Bump(stripe->lookups);
   if (out == nullptr) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
-  int d = 0;  // rdmalloc's default domain: the usual case, kept in line
-  if (__builtin_expect(pd != nullptr, 0)) {
-    d = regs_.DomainIndex(pd);
-    if (d < 0) return Miss(RDMALLOC_EINVAL, &Stripe::einval);
-  }
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  return LookupIn<true>(store_.Guess(a), a, len, d, out);
+  if (__builtin_expect(pd != nullptr, 0)) return LookupInDomain(a, len, pd, out);
+  return LookupHit(store_.Guess(a), a, len, 0, out);
 }
 
-// r is the map's guess (kGuessed) or its answer. a + len is never formed, so
-// a length that wraps the address space is just too long here.
-template <bool kGuessed>
-__attribute__((always_inline)) inline int Heap::LookupIn(Region* r, uintptr_t a, size_t len, int d,
-                                                         rdmalloc_keys* out) {
-  if (r == nullptr) return kGuessed ? LookupUnguessed(a, len, d, out) : MissOutside(a, len);
-  uint64_t seq = r->seq.load(std::memory_order_acquire);
-  uintptr_t base = r->begin();
-  size_t size = r->length();
-  // a < base wraps around to a - base >= size.
-  if (!(seq & 1) || a - base >= size)
-    return kGuessed ? LookupUnguessed(a, len, d, out) : MissOutside(a, len);
-  if (len > size - (a - base)) return MissOutside(a, len, RDMALLOC_ECROSS, &Stripe::cross);
+// r is the guess table's answer for a, maybe wrong. a + len is never formed,
+// so a length that wraps the address space is just too long here.
+__attribute__((always_inline)) inline int Heap::LookupHit(Region* r, uintptr_t a, size_t len,
+                                                          int d, rdmalloc_keys* out) {
+  if (r == nullptr) return LookupRegion(a, len, d, out);
+  RegSlot& s = r->reg[d];
+  uint32_t q = s.seq.load(std::memory_order_acquire);
+  uintptr_t base = s.base.load(std::memory_order_relaxed);
+  size_t size = s.size.load(std::memory_order_relaxed);
+  size_t offset = a - base;  // a < base wraps around to offset >= size
+  if ((q & 1) || s.state.load(std::memory_order_relaxed) != RegSlot::kRegistered ||
+      offset >= size || len > size - offset)
+    return LookupRegion(a, len, d, out);
+  uint32_t step = static_cast<uint32_t>(offset >> s.step_shift.load(std::memory_order_relaxed));
+  out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
+  out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
+  out->handle = s.handle.load(std::memory_order_relaxed);
+  out->mr = static_cast<ibv_mr*>(s.mr.load(std::memory_order_relaxed));
   out->region_base = reinterpret_cast<void*>(base);
   out->region_len = size;
   out->addr = reinterpret_cast<const void*>(a);
   out->len = len;
   out->reg_errno = 0;
   out->domain = d;
-  RegSlot& s = r->reg[d];
-  uint32_t q = s.seq.load(std::memory_order_acquire);
-  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered) {
-    uint32_t step = static_cast<uint32_t>((a - base) >> s.step_shift.load(std::memory_order_relaxed));
-    out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
-    out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
-    out->handle = s.handle.load(std::memory_order_relaxed);
-    out->mr = static_cast<ibv_mr*>(s.mr.load(std::memory_order_relaxed));
-    out->access = s.access.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq)
-      return RDMALLOC_OK;
-  }
-  return LookupSlow(out);
+  out->access = s.access.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (__builtin_expect(s.seq.load(std::memory_order_relaxed) != q, 0))
+    return LookupRegion(a, len, d, out);
+  return RDMALLOC_OK;
 }
 
 // A registered region, a known pd and rights the registration has: read

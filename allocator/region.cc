@@ -4,8 +4,8 @@
 
 namespace rdmalloc {
 
-static_assert(offsetof(Region, reg) + offsetof(RegSlot, slots) <= 64,
-              "the lookup hit path's fields must share Region's first cache line");
+static_assert(offsetof(Region, reg) == 0 && sizeof(RegSlot) == 64,
+              "a lookup hit reads one cache line: the default domain's slot");
 
 void PageMap::Init(uint64_t* words, size_t npages) {
   used_ = words;

@@ -16,10 +16,13 @@ constexpr size_t kPageSize = size_t{1} << kPageShift;
 constexpr int kMaxDomains = 8;  // RDMALLOC_MAX_DOMAINS
 
 // One domain's registration of one region. Written under Region::reg_lock;
-// read lock-free with a sequence count (odd while it changes).
-struct RegSlot {
+// read lock-free with a sequence count (odd while it changes). One cache
+// line, and all the lookup hit path reads: the region's range is copied in
+// with the keys, so a hit needs neither the region's own fields nor its seq.
+struct alignas(64) RegSlot {
   enum : uint32_t { kNone = 0, kRegistered = 1, kFailed = 2 };
-  // What the lookup hit path reads, first (see Region's layout).
+  std::atomic<uintptr_t> base{0};  // the region's, while kRegistered
+  std::atomic<size_t> size{0};
   std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
   std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
   std::atomic<uint32_t> seq{0};
@@ -113,16 +116,15 @@ size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages) {
   return purged;
 }
 
-// Laid out for the lookup hit path: seq, base, size and everything it reads
-// of the default domain's registration share the first cache line.
 struct alignas(64) Region {
+  // Each domain's registration; written under reg_lock. First: the default
+  // domain's slot is the one cache line a lookup hit reads.
+  RegSlot reg[kMaxDomains];
   // Identity. seq is odd while the region is live (mapped, findable);
-  // lookups read base/size and then check that seq has not moved.
+  // readers read base/size and then check that seq has not moved.
   std::atomic<uint64_t> seq{0};
   std::atomic<uintptr_t> base{0};
   std::atomic<size_t> size{0};
-  // Each domain's registration; written under reg_lock.
-  RegSlot reg[kMaxDomains];
 
   // Page heap; guarded by the lock of the region store's shard it belongs to.
   PageMap pages;

@@ -193,6 +193,8 @@ int Registrations::Register(Region* r, int d) {
     return err;
   }
   s.seq.fetch_add(1);  // odd: readers retry
+  s.base.store(r->begin(), std::memory_order_relaxed);
+  s.size.store(r->length(), std::memory_order_relaxed);
   s.lkey.store(reg.lkey, std::memory_order_relaxed);
   s.rkey.store(reg.rkey, std::memory_order_relaxed);
   s.step_shift.store(RegSlot::StepShift(reg.key_shift), std::memory_order_relaxed);
