@@ -233,6 +233,10 @@ int Heap::LookupInDomain(uintptr_t a, size_t len, ibv_pd* pd, rdmalloc_keys* out
 }
 
 int Heap::LookupRegion(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
+  return TheHeap().LookupRegionIn(a, len, d, out);
+}
+
+int Heap::LookupRegionIn(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   Region* r = store_.Find(a);
   if (r == nullptr) return MissOutside(a, len);
   uint64_t seq = r->seq.load(std::memory_order_acquire);

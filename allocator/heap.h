@@ -179,8 +179,12 @@ class Heap {
   __attribute__((noinline)) int LookupInDomain(uintptr_t a, size_t len, ibv_pd* pd,
                                                rdmalloc_keys* out);
   // Everything but a hit: the radix map's answer, checked under the region's
-  // seq; misses, retries and registration (LookupSlow) from here.
-  __attribute__((noinline)) int LookupRegion(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
+  // seq; misses, retries and registration (LookupSlow) from here. Static (it
+  // finds g_heap itself): the hit path then keeps no heap pointer live, and
+  // saves no register.
+  __attribute__((noinline)) static int LookupRegion(uintptr_t a, size_t len, int d,
+                                                    rdmalloc_keys* out);
+  inline int LookupRegionIn(uintptr_t a, size_t len, int d, rdmalloc_keys* out);
   // A miss once addr is known: EINVAL if [a, a+len) wraps the address space
   // (which the hit path never checks), else `code`.
   __attribute__((noinline)) int MissOutside(uintptr_t a, size_t len, int code = RDMALLOC_ENOTOURS,
