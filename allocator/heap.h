@@ -190,7 +190,7 @@ class Heap {
   __attribute__((noinline)) int MissOutside(uintptr_t a, size_t len, int code = RDMALLOC_ENOTOURS,
                                             std::atomic<uint64_t> Stripe::*counter = &Stripe::not_ours);
 
-  // The request (addr, len, domain) is in *out: the hit path wrote it there
+  // The request (addr, len, domain) is in *out: LookupRegion wrote it there
   // before it found no usable registration.
   __attribute__((noinline)) int LookupSlow(rdmalloc_keys* out);
   __attribute__((noinline)) int ServeRegistrationSlow(ibv_pd* pd, const void* addr, size_t len,
