@@ -245,11 +245,8 @@ int Heap::LookupRegionIn(uintptr_t a, size_t len, int d, rdmalloc_keys* out) {
   // a < base wraps around to a - base >= size.
   if (!(seq & 1) || a - base >= size) return MissOutside(a, len);
   if (len > size - (a - base)) return MissOutside(a, len, RDMALLOC_ECROSS, &Stripe::cross);
-  out->region_base = reinterpret_cast<void*>(base);
-  out->region_len = size;
-  out->addr = reinterpret_cast<const void*>(a);
+  out->addr = reinterpret_cast<const void*>(a);  // the request, for LookupSlow
   out->len = len;
-  out->reg_errno = 0;
   out->domain = d;
   RegSlot& s = r->reg[d];
   uint32_t q = s.seq.load(std::memory_order_acquire);
