@@ -240,21 +240,26 @@ extern "C" {
 __attribute__((visibility("hidden"))) extern const char* malloc_conf_2_conf_harder;
 const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
 
-// jemalloc's per-arena eager-return size, which an arena takes when it is
-// made. Arena 0, made at boot, gets 8 MiB; jemalloc then sets it past every
-// size when there is no huge arena, so every later arena kept freed blocks of
-// any size for its whole decay time (10 s), outside rdmalloc's retention
-// bound: two threads looping over large blocks held 1.6x jemalloc's RSS.
-extern __attribute__((visibility("hidden"))) size_t je_oversize_threshold;
+// The size from which every arena gives a freed extent back to rdmalloc's
+// heap at once, read by jemalloc's arena_new (third_party/
+// jemalloc_rdmalloc.patch). Unpatched, an arena takes jemalloc's
+// oversize_threshold, which is past every size when there is no huge arena:
+// every arena but arena 0 kept freed blocks of any size for its whole decay
+// time (10 s), outside rdmalloc's retention bound, and two threads looping
+// over large blocks held 1.6x jemalloc's RSS. Setting oversize_threshold
+// back to 8 MiB fixed that, but it also routes requests that large to the
+// huge arena, or to arena 0 when there is none: every thread's blocks of
+// 8 MiB or more then met in arena 0 and its shard.
+extern const size_t rdmj_return_at_once __attribute__((visibility("hidden")));
+const size_t rdmj_return_at_once = rdmalloc::kLargeReturnedAtOnce;
 // MALLOC_CONF's dirty_decay_ms, once jemalloc has booted.
 extern __attribute__((visibility("hidden"))) ssize_t je_opt_dirty_decay_ms;
 }
 
 namespace rdmalloc {
 
-void ReturnLargeExtentsAtOnce(long decay_ms) {
-  rdmj_free(rdmj_malloc(1));  // jemalloc booted: the values below are final
-  __atomic_store_n(&je_oversize_threshold, kLargeReturnedAtOnce, __ATOMIC_RELAXED);
+void NoteJemallocDecay(long decay_ms) {
+  rdmj_free(rdmj_malloc(1));  // jemalloc booted: its options are final
   long decay = decay_ms != kDecayUnset ? decay_ms : static_cast<long>(je_opt_dirty_decay_ms);
   g_jemalloc_decays.store(decay != 0, std::memory_order_relaxed);
 }

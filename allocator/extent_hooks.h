@@ -17,12 +17,13 @@ void InstallExtentHooks();
 void SetDirtyDecay(long ms);
 
 // A freed block this large goes back to rdmalloc's heap at once, in every
-// arena, as in arena 0 and in stock jemalloc; smaller ones wait in
-// jemalloc's dirty cache for their decay time (`decay_ms`: RDMALLOC_DECAY_MS
-// or kDecayUnset), and the heap does not keep their pages again. Call once
-// jemalloc may boot.
+// arena, as in stock jemalloc; smaller ones wait in jemalloc's dirty cache
+// for their decay time, and the heap does not keep their pages again.
 constexpr size_t kLargeReturnedAtOnce = size_t{8} << 20;
-void ReturnLargeExtentsAtOnce(long decay_ms);
+// Whether jemalloc has a decay time (`decay_ms`: RDMALLOC_DECAY_MS or
+// kDecayUnset, then MALLOC_CONF's): without one every freed extent comes
+// back at once. Call once jemalloc may boot.
+void NoteJemallocDecay(long decay_ms);
 
 // The arena that serves access class c (1..7: RDMALLOC_REMOTE_* bits), made on
 // first use; 0 if it cannot be made. Never called from hook context.

@@ -68,7 +68,7 @@ void Initialise() {
   TheHeap().Configure(config);
   InstallExtentHooks();
   if (config.decay_ms != kDecayUnset) SetDirtyDecay(config.decay_ms);
-  ReturnLargeExtentsAtOnce(config.decay_ms);
+  NoteJemallocDecay(config.decay_ms);
   TheHeap().Start();
 }
 

@@ -47,10 +47,12 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
   size_t first = 0;
   bool dirty = false;
   if (new_addr != nullptr) {
-    // In-place growth: only if those exact pages are free in one region.
+    // In-place growth: only if those exact pages are free in one region of
+    // the arena's own shard (extents of different arenas share no region).
     uintptr_t a = reinterpret_cast<uintptr_t>(new_addr);
     Region* c = RegionOf(new_addr, size);
-    if (c == nullptr || c->access_class != access_class || a % (align << kPageShift) != 0)
+    if (c == nullptr || c->access_class != access_class || c->shard != ShardOf(arena) ||
+        a % (align << kPageShift) != 0)
       return false;
     Shard& s = shards_[c->shard];
     LockShard(s);

@@ -550,18 +550,23 @@ TEST(Retain, KeptPagesDoNotRaiseThePeak) {
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
-// A large block freed in a thread's own arena comes back to rdmalloc's heap at
-// once, as in arena 0 (and in stock jemalloc, past 8 MiB): it counts against
-// RDMALLOC_RETAIN there. Every arena but arena 0 used to keep it in
-// jemalloc's dirty cache for its whole decay time (10 s), unbounded.
+// A large block of a thread comes from the thread's own arena, and freed
+// comes back to rdmalloc's heap at once, as in arena 0 (and in stock
+// jemalloc, past 8 MiB): it counts against RDMALLOC_RETAIN there. Every
+// arena but arena 0 used to keep it in jemalloc's dirty cache for its whole
+// decay time (10 s), unbounded. The fix for that then sent every thread's
+// blocks of 8 MiB or more to arena 0, where all threads met on one arena
+// and one shard of the region store.
 TEST(Retain, LargeBlocksFreedInAnyArenaComeBackAtOnce) {
   const size_t n = size_t{16} << 20;
-  unsigned arena = 0;
+  unsigned arena = 0, block_arena = 0;
   uint64_t in_use_before = 0, in_use_after = 0;
   std::thread t([&] {
     size_t len = sizeof arena;
     mallctl("thread.arena", &arena, &len, nullptr, 0);
     void* p = malloc(n);
+    len = sizeof block_arena;
+    mallctl("arenas.lookup", &block_arena, &len, &p, sizeof p);
     memset(p, 1, n);
     asm volatile("" : : "r"(p) : "memory");  // not optimised away with its free
     in_use_before = Stats().bytes_in_use;
@@ -570,6 +575,7 @@ TEST(Retain, LargeBlocksFreedInAnyArenaComeBackAtOnce) {
   });
   t.join();
   EXPECT_NE(arena, 0u) << "the thread was meant to have an arena of its own";
+  EXPECT_EQ(block_arena, arena) << "the thread's large block came from another arena";
   EXPECT_GE(in_use_before, in_use_after + n) << "arena " << arena << " kept the freed block";
 }
 
