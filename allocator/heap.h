@@ -316,8 +316,11 @@ __attribute__((always_inline)) inline int Heap::LookupHit(Region* r, uintptr_t a
 }
 
 // A registered region, a known pd and rights the registration has: read
-// like the lookup (seqlock), then held, then checked again, since the hold
-// must land on the region as it was read and registered.
+// like a lookup hit (the pd's slot only: its seq, its copy of the region's
+// range, its keys), then held, then the slot's seq checked again. A slot is
+// registered only while its region is live and deregistered (its seq moved)
+// before the region is released or its descriptor reused, so an unchanged
+// seq proves the hold landed on the region the keys belong to.
 __attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, const void* addr,
                                                                   size_t len, int access,
                                                                   Served* out) {
@@ -326,22 +329,21 @@ __attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, co
   // A wrong guess fails the range check below: the slow path asks the map.
   Region* r = d > 0 && regs_.verbs_chosen() ? store_.Guess(a) : nullptr;
   if (r == nullptr) return ServeRegistrationSlow(pd, addr, len, access, out);
-  uint64_t seq = r->seq.load(std::memory_order_acquire);
-  uintptr_t base = r->begin();
-  size_t size = r->length();
   RegSlot& s = r->reg[d];
   uint32_t q = s.seq.load(std::memory_order_acquire);
-  if ((seq & 1) && a - base < size && len <= size - (a - base) && !(q & 1) &&
-      s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered &&
+  uintptr_t base = s.base.load(std::memory_order_relaxed);
+  size_t size = s.size.load(std::memory_order_relaxed);
+  size_t offset = a - base;  // a < base wraps around to offset >= size
+  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered &&
+      offset < size && len <= size - offset &&
       (access & ~s.access.load(std::memory_order_relaxed)) == 0) {
-    uint32_t step = static_cast<uint32_t>((a - base) >> s.step_shift.load(std::memory_order_relaxed));
+    uint32_t step = static_cast<uint32_t>(offset >> s.step_shift.load(std::memory_order_relaxed));
     out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
     out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
     out->region_mr = static_cast<const ibv_mr*>(s.mr.load(std::memory_order_relaxed));
     out->region = r;
-    if (store_.Hold(r)) {
-      if (s.seq.load(std::memory_order_relaxed) == q && r->seq.load(std::memory_order_relaxed) == seq)
-        return RDMALLOC_OK;
+    if (store_.Hold(r)) {  // sequentially consistent: the load below comes after it
+      if (s.seq.load(std::memory_order_relaxed) == q) return RDMALLOC_OK;
       DropHold(r);
     }
   }
