@@ -80,22 +80,22 @@ def round_order(i):
 
 def run_once(binary, args, allocator, extra_env=None, fields_out=None):
     """Returns (ops_per_s, peak_rss_kib) of one run; fields_out gets every key=value printed."""
+    # Through spawn_rss, not Popen + wait4: a child forked from this Python
+    # process keeps Python's ~17 MiB in its ru_maxrss across execve, which
+    # hid the small workloads' own peak (they read 16.8 MiB under every
+    # allocator). spawn_rss prints maxrss_kib after the workload's fields.
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env.update(extra_env or {})
-    lib = preload(allocator)
-    if lib:
-        env["LD_PRELOAD"] = lib
-    proc = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, env=env, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.stdout.close()
-    if status != 0:
-        raise RuntimeError(f"{binary} {args} under {allocator} failed: status {status}")
-    fields = dict(kv.split("=", 1) for kv in out.split())
+    launcher = os.path.join(BIN, "benchmarks", "workloads", "spawn_rss")
+    proc = subprocess.run([launcher, preload(allocator) or "", binary] + args,
+                          stdout=subprocess.PIPE, env=env, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{binary} {args} under {allocator} failed: status {proc.returncode}")
+    fields = dict(kv.split("=", 1) for kv in proc.stdout.split())
     if fields_out is not None:
         fields_out.update(fields)
-    return float(fields["ops_per_s"]), usage.ru_maxrss
+    return float(fields["ops_per_s"]), int(fields["maxrss_kib"])
 
 
 def median(xs):
