@@ -46,6 +46,7 @@ struct Config {
   size_t max_pinned = kNoPinLimit;  // bytes registered, summed over domains
   long decay_ms = kDecayUnset;
   size_t retain = kDefaultRetain;  // freed bytes kept resident for reuse
+  int huge_pages = 1;  // large blocks on transparent huge pages
   StatsMode stats = StatsMode::kOff;
   char stats_file[256] = {};
   int verbose = 0;

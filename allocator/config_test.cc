@@ -40,6 +40,7 @@ void ExpectSameConfig(const Config& a, const Config& b) {
   EXPECT_EQ(a.max_pinned, b.max_pinned);
   EXPECT_EQ(a.decay_ms, b.decay_ms);
   EXPECT_EQ(a.retain, b.retain);
+  EXPECT_EQ(a.huge_pages, b.huge_pages);
   EXPECT_EQ(a.stats, b.stats);
   EXPECT_STREQ(a.stats_file, b.stats_file);
   EXPECT_EQ(a.verbose, b.verbose);
@@ -76,7 +77,7 @@ TEST_F(ConfigTest, AsksForExactlyTheDocumentedVariables) {
                                 "RDMALLOC_REGISTER", "RDMALLOC_STATS",      "RDMALLOC_STATS_FILE",
                                 "RDMALLOC_VERBOSE",  "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_ACCESS", "RDMALLOC_NOTIFY",
                                 "RDMALLOC_MAX_PINNED", "RDMALLOC_DECAY_MS", "RDMALLOC_RETAIN",
-                                "RDMALLOC_INTERPOSE"};
+                                "RDMALLOC_INTERPOSE", "RDMALLOC_HUGEPAGES"};
   EXPECT_EQ(g_asked, want);
 }
 
@@ -150,6 +151,8 @@ std::vector<GoodCase> GoodCases() {
   add("RDMALLOC_VERBOSE", "1", [](Config* c, const std::string&) { c->verbose = 1; });
   add("RDMALLOC_VERBOSE", "2", [](Config* c, const std::string&) { c->verbose = 2; });
   add("RDMALLOC_VERBOSE", "3", [](Config* c, const std::string&) { c->verbose = 3; });
+  add("RDMALLOC_HUGEPAGES", "0", [](Config* c, const std::string&) { c->huge_pages = 0; });
+  add("RDMALLOC_HUGEPAGES", "1", [](Config* c, const std::string&) { c->huge_pages = 1; });
   add("RDMALLOC_INTERPOSE", "0", [](Config* c, const std::string&) { c->interpose = 0; });
   add("RDMALLOC_INTERPOSE", "1", [](Config* c, const std::string&) { c->interpose = 1; });
   add("RDMALLOC_NOTIFY", "ucx", [](Config* c, const std::string&) { c->notify = kNotifyUcx; });
@@ -231,6 +234,9 @@ std::vector<BadCase> BadCases() {
       {"RDMALLOC_DECAY_MS", "10s", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "1e3", "jemalloc's dirty_decay_ms"},
       {"RDMALLOC_DECAY_MS", "99999999999999999999999", "jemalloc's dirty_decay_ms"},
+      {"RDMALLOC_HUGEPAGES", "", "1"},
+      {"RDMALLOC_HUGEPAGES", "on", "1"},
+      {"RDMALLOC_HUGEPAGES", "2", "1"},
       {"RDMALLOC_INTERPOSE", "", "1"},
       {"RDMALLOC_INTERPOSE", "yes", "1"},
       {"RDMALLOC_INTERPOSE", "2", "1"},
@@ -481,6 +487,7 @@ TEST_F(ConfigTest, WarningTextsOfAnEmptyValue) {
       {"RDMALLOC_MAX_PINNED", "(accepted: a size with suffix K/M/G, or unlimited); using unlimited"},
       {"RDMALLOC_DECAY_MS", "(accepted: -1 (never) or 0 to 86400000); using jemalloc's dirty_decay_ms"},
       {"RDMALLOC_RETAIN", "(accepted: a size from 0 to 1024G, suffix K/M/G); using 128M"},
+      {"RDMALLOC_HUGEPAGES", "(accepted: 0|1); using 1"},
       {"RDMALLOC_STATS", "(accepted: 0|1|json); using 0"},
       {"RDMALLOC_STATS_FILE", "(accepted: a path of 1 to 255 characters); using stderr"},
       {"RDMALLOC_VERBOSE", "(accepted: 0|1|2|3); using 0"},

@@ -240,6 +240,17 @@ inline constexpr Option kOptions[] = {
      "registered region is reused without registering again. `0`: give everything "
      "back at once. `arena.<i>.purge`, `arena.<i>.decay` and `malloc_trim` give it all "
      "back."},
+    {"RDMALLOC_HUGEPAGES", OneOf(kOnOffWords), FieldOf<&Config::huge_pages>(), 1, "1",
+     "`0`, `1`", "`1`",
+     "`1`: a large block (an extent of 2 MiB or more) asks the kernel for transparent "
+     "huge pages (`madvise(MADV_HUGEPAGE)` on its whole 2 MiB pages, undone when it is "
+     "freed), so it faults in 2 MiB at a time and a NIC maps it with fewer, larger "
+     "pages; everything else never gets them (regions are made `MADV_NOHUGEPAGE`, so "
+     "that freed pages are counted exactly even under THP `always`). Needs THP "
+     "`madvise` or `always` in `/sys/kernel/mm/transparent_hugepage/enabled`. A large "
+     "block the program touches only sparsely then holds 2 MiB per touched 2 MiB. "
+     "Pinned pages are never collapsed or moved by the kernel. `0`: no `madvise` of "
+     "either kind (the system's THP setting applies to all of the heap)."},
     {"RDMALLOC_STATS", OneOf(kStatsWords), FieldOf<&Config::stats>(),
      static_cast<long long>(StatsMode::kOff), "0",
      "`0`, `1`, `json`", "`0` (`1` if `RDMALLOC_STATS_FILE` is set)",

@@ -41,6 +41,15 @@ enum {
   RDMALLOC_ACCESS_RELAXED_ORDERING = 1 << 20
 };
 
+/* rdmalloc_lookup and rdmalloc_owns look at an address, never at the bytes
+ * behind it: saying so keeps GCC from warning that a fresh malloc'd buffer
+ * passed to them "may be used uninitialized". */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define RDMALLOC_ADDRESS_ONLY(i) __attribute__((access(none, i)))
+#else
+#define RDMALLOC_ADDRESS_ONLY(i)
+#endif
+
 struct rdmalloc_keys {
   uint32_t lkey;            /* local key for [addr, addr+len) */
   uint32_t rkey;            /* remote key for [addr, addr+len) */
@@ -59,11 +68,13 @@ struct rdmalloc_keys {
  * The range must lie inside one allocation. Registers the region on first use
  * if it is not registered yet; afterwards this takes no lock, allocates nothing
  * and makes no system call. Keys stay valid until the allocation is freed. */
+RDMALLOC_ADDRESS_ONLY(1)
 int rdmalloc_lookup(const void *addr, size_t len, struct ibv_pd *pd, struct rdmalloc_keys *out);
 
 /* 1 if [addr, addr+len) lies in one live region of rdmalloc's heap, else 0.
  * Takes no lock, registers nothing, never waits: safe under another cache's
  * locks (libfabric's monitor asks it whether a range will be notified). */
+RDMALLOC_ADDRESS_ONLY(1)
 int rdmalloc_owns(const void *addr, size_t len);
 
 /* Make the heap available under another PD (another device), or stop doing so.

@@ -113,6 +113,13 @@ class RegionStore {
   // region kept past RDMALLOC_RETAIN, or skipped by a purge or trim.
   uint64_t releases_held() const { return releases_held_.load(std::memory_order_relaxed); }
 
+  // Transparent huge pages for large blocks (RDMALLOC_HUGEPAGES): regions
+  // are made MADV_NOHUGEPAGE; a carve of kLargeBlock or more advises its
+  // whole 2 MiB pages MADV_HUGEPAGE, and Give advises them back before the
+  // pages are free again. Only pages of one extent share a huge page, so the
+  // page map's count of resident free pages stays exact.
+  void set_huge_pages(bool on) { huge_pages_ = on; }
+
   // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
   // kept, count against this many bytes.
   void set_retain(size_t bytes) { retain_ = bytes; }
@@ -206,6 +213,7 @@ class RegionStore {
   // zero bytes, into .bss (ConfigSlot says why that matters).
   size_t region_size_ = 0;
   size_t retain_ = 0;
+  bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0};
   RegionMap map_;

@@ -4,8 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -551,5 +557,96 @@ TEST(RegionStoreTest, PurgedBytesAreTheTailOfTheExtent) {
   EXPECT_FALSE(tail.dirty) << "the purged tail does not read as zero";
 }
 
+
+// The smaps entry of the mapping holding addr: its VmFlags line and its
+// AnonHugePages in KiB.
+struct MappingInfo {
+  std::string flags;
+  long anon_huge_kib = -1;
+};
+MappingInfo MappingOf(const void* addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  bool inside = false;
+  MappingInfo info;
+  while (std::getline(smaps, line)) {
+    unsigned long lo, hi;
+    if (sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = a >= lo && a < hi;
+      continue;
+    }
+    if (!inside) continue;
+    if (line.rfind("AnonHugePages:", 0) == 0) info.anon_huge_kib = std::stol(line.substr(14));
+    if (line.rfind("VmFlags:", 0) == 0) {
+      info.flags = line.substr(8) + " ";
+      return info;
+    }
+  }
+  return info;
+}
+
+bool HasFlag(const MappingInfo& m, const char* flag) {
+  return m.flags.find(std::string(" ") + flag + " ") != std::string::npos;
+}
+
+// "always" or "madvise": MADV_HUGEPAGE gives huge pages here.
+bool ThpAdvisable() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return s.find("[always]") != std::string::npos || s.find("[madvise]") != std::string::npos;
+}
+
+RegionStore g_huge_store;
+
+// RDMALLOC_HUGEPAGES: the whole 2 MiB pages of a large block, and only
+// those, are advised MADV_HUGEPAGE while it is handed out; the rest of the
+// region is MADV_NOHUGEPAGE, so no huge page ever spans free pages the page
+// map counts as never touched.
+TEST(RegionStoreTest, OnlyLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
+  g_huge_store.set_region_size(64 * kMiB);
+  g_huge_store.set_retain(64 * kMiB);
+  g_huge_store.set_huge_pages(true);
+  RegionStore::Extent big, small;
+  ASSERT_TRUE(g_huge_store.Carve(/*arena=*/11, 0, nullptr, 8 * kMiB, 4096, &big));
+  ASSERT_TRUE(g_huge_store.Carve(11, 0, nullptr, 64 << 10, 4096, &small));
+  ASSERT_EQ(small.region, big.region);
+  char* b = static_cast<char*>(big.addr);
+  MappingInfo at_big = MappingOf(b);
+  EXPECT_TRUE(HasFlag(at_big, "hg")) << "large block's flags:" << at_big.flags;
+  EXPECT_FALSE(HasFlag(at_big, "nh"));
+  MappingInfo at_small = MappingOf(small.addr);
+  EXPECT_TRUE(HasFlag(at_small, "nh")) << "small extent's flags:" << at_small.flags;
+  EXPECT_FALSE(HasFlag(at_small, "hg"));
+  memset(b, 0x5A, 8 * kMiB);
+  if (ThpAdvisable()) {
+    EXPECT_GT(MappingOf(b).anon_huge_kib, 0) << "an advised, touched large block has no huge page";
+  } else {
+    fprintf(stderr, "*** NOT CHECKED: transparent huge pages are off in this kernel "
+                    "(/sys/kernel/mm/transparent_hugepage/enabled): only the advice is checked\n");
+  }
+  EXPECT_EQ(g_huge_store.Give(big.region, big.addr, 8 * kMiB, 0), RegionStore::Gave::kInUse);
+  MappingInfo freed = MappingOf(b);
+  EXPECT_TRUE(HasFlag(freed, "nh")) << "freed large block's flags:" << freed.flags;
+  EXPECT_FALSE(HasFlag(freed, "hg"));
+  // Handed out again as a large block: advised again.
+  RegionStore::Extent again;
+  ASSERT_TRUE(g_huge_store.Carve(11, 0, nullptr, 4 * kMiB, 4096, &again));
+  EXPECT_TRUE(HasFlag(MappingOf(static_cast<char*>(again.addr) + 2 * kMiB), "hg"));
+  EXPECT_EQ(g_huge_store.Give(again.region, again.addr, 4 * kMiB, 0), RegionStore::Gave::kInUse);
+  EXPECT_EQ(g_huge_store.Give(small.region, small.addr, 64 << 10, 0), RegionStore::Gave::kKept);
+}
+
+// With RDMALLOC_HUGEPAGES=0 rdmalloc advises nothing: the system's setting rules.
+TEST(RegionStoreTest, HugePagesOffAdvisesNothing) {
+  g_store.set_region_size(64 * kMiB);
+  g_store.set_huge_pages(false);
+  RegionStore::Extent big;
+  ASSERT_TRUE(g_store.Carve(/*arena=*/12, 0, nullptr, 8 * kMiB, 4096, &big));
+  MappingInfo m = MappingOf(static_cast<char*>(big.addr) + 2 * kMiB);
+  EXPECT_FALSE(HasFlag(m, "hg")) << m.flags;
+  EXPECT_FALSE(HasFlag(m, "nh")) << m.flags;
+  g_store.Give(big.region, big.addr, 8 * kMiB, 0);
+}
 }  // namespace
 }  // namespace rdmalloc
