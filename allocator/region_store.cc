@@ -32,6 +32,25 @@ void AdviseWholeChunks(const void* addr, size_t size, int advice) {
   if (end > first) madvise(reinterpret_cast<void*>(first), end - first, advice);
 }
 
+// Whether at least half of [addr, addr+size) is resident, judged from up to
+// 16 samples of 64 pages spread over it (a few microseconds for any size).
+bool MostlyResident(const void* addr, size_t size) {
+  constexpr size_t kSamples = 16, kSamplePages = 64;
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  size_t pages = size >> kPageShift;
+  size_t stride = std::max(pages / kSamples, kSamplePages);
+  size_t resident = 0, seen = 0;
+  for (size_t p = 0; p < pages; p += stride) {
+    size_t n = std::min(kSamplePages, pages - p);
+    unsigned char vec[kSamplePages];
+    if (mincore(reinterpret_cast<void*>(a + (p << kPageShift)), n << kPageShift, vec) != 0)
+      return false;
+    for (size_t i = 0; i < n; i++) resident += vec[i] & 1;
+    seen += n;
+  }
+  return resident * 2 >= seen;
+}
+
 }  // namespace
 
 Region* RegionStore::RegionOf(const void* addr, size_t size) const {
@@ -121,7 +140,9 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
   // A large block faults in 2 MiB at a time (a loop over 1-32 MiB blocks
   // faulted 4-7x fewer times and ran 3-6x faster). Outside the lock: the
   // pages are ours now.
-  if (huge_pages_ && size >= kLargeBlock) AdviseWholeChunks(out->addr, size, MADV_HUGEPAGE);
+  if (huge_pages_ && size >= kLargeBlock &&
+      shards_[r->shard].filled_large_blocks.load(std::memory_order_relaxed))
+    AdviseWholeChunks(out->addr, size, MADV_HUGEPAGE);
   return true;
 }
 
@@ -278,8 +299,10 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t p
   Shard& s = shards_[r->shard];
   // While the pages are still the caller's: once free, another large block
   // may take them and advise them back (Carve).
-  if (huge_pages_ && size >= kChunkSize && HoldsLargeBlock(r, addr, size))
+  if (huge_pages_ && size >= kLargeBlock && HoldsLargeBlock(r, addr, size)) {
+    s.filled_large_blocks.store(MostlyResident(addr, size), std::memory_order_relaxed);
     AdviseWholeChunks(addr, size, MADV_NOHUGEPAGE);
+  }
   LockShard(s);
   if (purged < n) r->pages.Give(first, n - purged, false);
   if (purged > 0) r->pages.Give(first + n - purged, purged, true);

@@ -117,7 +117,10 @@ class RegionStore {
   // are made MADV_NOHUGEPAGE; a carve of kLargeBlock or more advises its
   // whole 2 MiB pages MADV_HUGEPAGE, and Give advises them back before the
   // pages are free again. Only pages of one extent share a huge page, so the
-  // page map's count of resident free pages stays exact.
+  // page map's count of resident free pages stays exact. Only while the
+  // shard's last freed large block was at least half resident (mincore): a
+  // program that touches little of its large blocks (sort's 28 MiB buffer
+  // of which it fills 1 MiB) would otherwise hold 2 MiB per page touched.
   void set_huge_pages(bool on) { huge_pages_ = on; }
 
   // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
@@ -188,6 +191,7 @@ class RegionStore {
     uint8_t doublings[kAccessClasses] = {};
     std::atomic<uint64_t> pages_in_use{0};
     std::atomic<int> hook_busy{0};
+    std::atomic<bool> filled_large_blocks{false};  // see set_huge_pages
     std::atomic<uint64_t> lock_waits{0};
   };
 

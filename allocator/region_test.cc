@@ -600,41 +600,61 @@ bool ThpAdvisable() {
 RegionStore g_huge_store;
 
 // RDMALLOC_HUGEPAGES: the whole 2 MiB pages of a large block, and only
-// those, are advised MADV_HUGEPAGE while it is handed out; the rest of the
+// those, are advised MADV_HUGEPAGE while it is handed out, and only while
+// the shard's last freed large block was mostly resident; the rest of the
 // region is MADV_NOHUGEPAGE, so no huge page ever spans free pages the page
 // map counts as never touched.
-TEST(RegionStoreTest, OnlyLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
+TEST(RegionStoreTest, FilledLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
   g_huge_store.set_region_size(64 * kMiB);
-  g_huge_store.set_retain(64 * kMiB);
+  g_huge_store.set_retain(256 * kMiB);
   g_huge_store.set_huge_pages(true);
-  RegionStore::Extent big, small;
-  ASSERT_TRUE(g_huge_store.Carve(/*arena=*/11, 0, nullptr, 8 * kMiB, 4096, &big));
-  ASSERT_TRUE(g_huge_store.Carve(11, 0, nullptr, 64 << 10, 4096, &small));
-  ASSERT_EQ(small.region, big.region);
-  char* b = static_cast<char*>(big.addr);
-  MappingInfo at_big = MappingOf(b);
-  EXPECT_TRUE(HasFlag(at_big, "hg")) << "large block's flags:" << at_big.flags;
-  EXPECT_FALSE(HasFlag(at_big, "nh"));
-  MappingInfo at_small = MappingOf(small.addr);
-  EXPECT_TRUE(HasFlag(at_small, "nh")) << "small extent's flags:" << at_small.flags;
-  EXPECT_FALSE(HasFlag(at_small, "hg"));
-  memset(b, 0x5A, 8 * kMiB);
+  const unsigned arena = 11;
+  RegionStore::Extent first, small;
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 8 * kMiB, 4096, &first));
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 64 << 10, 4096, &small));
+  ASSERT_EQ(small.region, first.region);
+  MappingInfo m = MappingOf(static_cast<char*>(first.addr) + 2 * kMiB);
+  EXPECT_FALSE(HasFlag(m, "hg")) << "no large block was freed filled yet: " << m.flags;
+  m = MappingOf(small.addr);
+  EXPECT_TRUE(HasFlag(m, "nh")) << "small extent's flags:" << m.flags;
+  memset(first.addr, 0x5A, 8 * kMiB);
+  EXPECT_EQ(g_huge_store.Give(first.region, first.addr, 8 * kMiB, 0), RegionStore::Gave::kInUse);
+
+  // The last large block was filled: the next one gets huge pages.
+  RegionStore::Extent filled;
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 24 * kMiB, 4096, &filled));
+  char* f = static_cast<char*>(filled.addr);
+  m = MappingOf(f + 2 * kMiB);
+  EXPECT_TRUE(HasFlag(m, "hg")) << "large block's flags:" << m.flags;
+  EXPECT_FALSE(HasFlag(m, "nh"));
+  EXPECT_TRUE(HasFlag(MappingOf(small.addr), "nh")) << "the small extent is not advised";
+  memset(f, 0x5A, 24 * kMiB);
   if (ThpAdvisable()) {
-    EXPECT_GT(MappingOf(b).anon_huge_kib, 0) << "an advised, touched large block has no huge page";
+    EXPECT_GT(MappingOf(f + 2 * kMiB).anon_huge_kib, 0)
+        << "an advised, touched large block has no huge page";
   } else {
     fprintf(stderr, "*** NOT CHECKED: transparent huge pages are off in this kernel "
                     "(/sys/kernel/mm/transparent_hugepage/enabled): only the advice is checked\n");
   }
-  EXPECT_EQ(g_huge_store.Give(big.region, big.addr, 8 * kMiB, 0), RegionStore::Gave::kInUse);
-  MappingInfo freed = MappingOf(b);
-  EXPECT_TRUE(HasFlag(freed, "nh")) << "freed large block's flags:" << freed.flags;
-  EXPECT_FALSE(HasFlag(freed, "hg"));
-  // Handed out again as a large block: advised again.
-  RegionStore::Extent again;
-  ASSERT_TRUE(g_huge_store.Carve(11, 0, nullptr, 4 * kMiB, 4096, &again));
-  EXPECT_TRUE(HasFlag(MappingOf(static_cast<char*>(again.addr) + 2 * kMiB), "hg"));
-  EXPECT_EQ(g_huge_store.Give(again.region, again.addr, 4 * kMiB, 0), RegionStore::Gave::kInUse);
-  EXPECT_EQ(g_huge_store.Give(small.region, small.addr, 64 << 10, 0), RegionStore::Gave::kKept);
+  EXPECT_NE(g_huge_store.Give(filled.region, filled.addr, 24 * kMiB, 0), RegionStore::Gave::kEmpty);
+  m = MappingOf(f + 2 * kMiB);
+  EXPECT_TRUE(HasFlag(m, "nh")) << "freed large block's flags:" << m.flags;
+  EXPECT_FALSE(HasFlag(m, "hg"));
+
+  // One barely touched (fresh pages of a region of its own, one byte): the
+  // next one gets none.
+  RegionStore::Extent sparse;
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 80 * kMiB, 4096, &sparse));
+  ASSERT_TRUE(sparse.fresh);
+  EXPECT_TRUE(HasFlag(MappingOf(static_cast<char*>(sparse.addr) + 2 * kMiB), "hg"));
+  static_cast<char*>(sparse.addr)[0] = 1;
+  EXPECT_NE(g_huge_store.Give(sparse.region, sparse.addr, 80 * kMiB, 0), RegionStore::Gave::kEmpty);
+  RegionStore::Extent after_sparse;
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 4 * kMiB, 4096, &after_sparse));
+  m = MappingOf(static_cast<char*>(after_sparse.addr) + 2 * kMiB);
+  EXPECT_FALSE(HasFlag(m, "hg")) << "after a sparse large block: " << m.flags;
+  g_huge_store.Give(after_sparse.region, after_sparse.addr, 4 * kMiB, 0);
+  g_huge_store.Give(small.region, small.addr, 64 << 10, 0);
 }
 
 // With RDMALLOC_HUGEPAGES=0 rdmalloc advises nothing: the system's setting rules.

@@ -103,17 +103,29 @@ struct MrRecord {
   // A served MR that ibv_rereg_mr had to move to a kernel registration of
   // its own: the caller keeps this object, libibverbs has `real`.
   ibv_mr* real;
-  size_t nheld;
-  Region* inline_held[kInlineHolds];
-  Region** held;  // inline_held, or an mmap'd array of held_bytes
-  size_t held_bytes;
-  MrRecord* next_free;
-  // The first record of a batch on the shared free list: the batch's last
-  // record, its size, and the next batch.
-  MrRecord* batch_tail;
-  unsigned batch_size;
-  MrRecord* next_batch;
+  // A record in use has holds; a free one has free-list links: never both.
+  struct Holds {
+    size_t nheld;
+    Region* inline_held[kInlineHolds];
+    Region** held;  // inline_held, or an mmap'd array of held_bytes
+    size_t held_bytes;
+  };
+  struct Links {
+    MrRecord* next_free;
+    // The first record of a batch on the shared free list: the batch's last
+    // record, its size, and the next batch.
+    MrRecord* batch_tail;
+    MrRecord* next_batch;
+    unsigned batch_size;
+  };
+  union {
+    Holds holds;
+    Links links;
+  };
 };
+// 128 bytes: telling a served MR from another pointer (MrTable::Record) is
+// then a mask, not a division.
+static_assert(sizeof(MrRecord) == 128, "MrRecord is two cache lines");
 enum : int { kRecordFree = 0, kRecordServed = 1, kRecordForwarded = 2 };
 
 // Records come from mmap'd chunks that are never unmapped, so telling a
@@ -143,7 +155,7 @@ class MrTable {
     ThreadRecords& t = t_records;
     if (t.taken.n == 0 && !Refill(t)) return nullptr;
     MrRecord* rec = t.taken.head;
-    t.taken.head = rec->next_free;
+    t.taken.head = rec->links.next_free;
     t.taken.n--;
     return rec;
   }
@@ -152,8 +164,8 @@ class MrTable {
   void Give(MrRecord* rec) {
     rec->state.store(kRecordFree, std::memory_order_release);
     ThreadRecords& t = t_records;
-    rec->next_free = nullptr;
-    if (t.given.tail != nullptr) t.given.tail->next_free = rec;
+    rec->links.next_free = nullptr;
+    if (t.given.tail != nullptr) t.given.tail->links.next_free = rec;
     else t.given.head = rec;
     t.given.tail = rec;
     if (++t.given.n == kBatch) GiveBatch(&t.given);
@@ -230,15 +242,15 @@ class MrTable {
   bool Refill(ThreadRecords& t);
   void GiveBatch(RecordList* list) {
     MrRecord* head = list->head;
-    head->batch_tail = list->tail;
-    head->batch_size = list->n;
-    head->next_batch = nullptr;
+    head->links.batch_tail = list->tail;
+    head->links.batch_size = list->n;
+    head->links.next_batch = nullptr;
     *list = RecordList();
     SpinLockGuard g(lock_);
     AppendBatchLocked(head);
   }
   void AppendBatchLocked(MrRecord* head) {
-    if (free_tail_ != nullptr) free_tail_->next_batch = head;
+    if (free_tail_ != nullptr) free_tail_->links.next_batch = head;
     else free_head_ = head;
     free_tail_ = head;
   }
@@ -275,9 +287,9 @@ class MrTable {
     static_assert(kRecordsPerChunk % kBatch == 0, "a chunk is whole batches");
     for (size_t b = 0; b < kRecordsPerChunk; b += kBatch) {
       for (size_t i = b; i < b + kBatch; i++)
-        recs[i].next_free = i + 1 < b + kBatch ? &recs[i + 1] : nullptr;
-      recs[b].batch_tail = &recs[b + kBatch - 1];
-      recs[b].batch_size = kBatch;
+        recs[i].links.next_free = i + 1 < b + kBatch ? &recs[i + 1] : nullptr;
+      recs[b].links.batch_tail = &recs[b + kBatch - 1];
+      recs[b].links.batch_size = kBatch;
       AppendBatchLocked(&recs[b]);
     }
     chunk_[n].store(recs, std::memory_order_release);
@@ -312,11 +324,11 @@ bool MrTable::Refill(ThreadRecords& t) {
   SpinLockGuard g(lock_);
   if (free_head_ == nullptr && !Grow()) return false;
   MrRecord* batch = free_head_;
-  free_head_ = batch->next_batch;
+  free_head_ = batch->links.next_batch;
   if (free_head_ == nullptr) free_tail_ = nullptr;
   t.taken.head = batch;
-  t.taken.tail = batch->batch_tail;  // Take pops from the head: it stays the tail
-  t.taken.n = batch->batch_size;
+  t.taken.tail = batch->links.batch_tail;  // Take pops from the head: it stays the tail
+  t.taken.n = batch->links.batch_size;
   return true;
 }
 
@@ -335,28 +347,28 @@ __attribute__((noinline)) void InstallForkHandlersOnce() {
 // Holds every region under [addr, addr+len) for rec. False if the holds could
 // not be stored (then none is kept).
 bool HoldPages(MrRecord* rec, const void* addr, size_t len) {
-  rec->nheld = 0;
-  rec->held = rec->inline_held;
-  rec->held_bytes = 0;
+  rec->holds.nheld = 0;
+  rec->holds.held = rec->holds.inline_held;
+  rec->holds.held_bytes = 0;
   // Each region spans whole 2 MiB chunks: at most one per chunk touched.
   size_t most = len / kChunkSize + 2;
   if (most > kInlineHolds) {
     size_t bytes = most * sizeof(Region*);
     void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) return false;
-    rec->held = static_cast<Region**>(mem);
-    rec->held_bytes = bytes;
+    rec->holds.held = static_cast<Region**>(mem);
+    rec->holds.held_bytes = bytes;
   }
-  rec->nheld = TheHeap().HoldRange(addr, len, rec->held, most);
+  rec->holds.nheld = TheHeap().HoldRange(addr, len, rec->holds.held, most);
   return true;
 }
 
 inline void DropHolds(MrRecord* rec) {
-  for (size_t i = 0; i < rec->nheld; i++) TheHeap().DropHold(rec->held[i]);
-  if (rec->held_bytes != 0) munmap(rec->held, rec->held_bytes);
-  rec->nheld = 0;
-  rec->held = rec->inline_held;
-  rec->held_bytes = 0;
+  for (size_t i = 0; i < rec->holds.nheld; i++) TheHeap().DropHold(rec->holds.held[i]);
+  if (rec->holds.held_bytes != 0) munmap(rec->holds.held, rec->holds.held_bytes);
+  rec->holds.nheld = 0;
+  rec->holds.held = rec->holds.inline_held;
+  rec->holds.held_bytes = 0;
 }
 
 bool Servable(unsigned access, uint64_t iova, const void* addr) {
@@ -383,10 +395,10 @@ void FillServed(MrRecord* rec, ibv_pd* pd, void* addr, size_t length, unsigned a
   rec->mr.rkey = served.rkey;
   rec->mr_type = 0;
   rec->access = static_cast<int>(access);
-  rec->nheld = 1;
-  rec->held = rec->inline_held;
-  rec->held_bytes = 0;
-  rec->inline_held[0] = served.region;
+  rec->holds.nheld = 1;
+  rec->holds.held = rec->holds.inline_held;
+  rec->holds.held_bytes = 0;
+  rec->holds.inline_held[0] = served.region;
 }
 
 // A served MR, or nullptr (then the caller forwards). Inline in the
