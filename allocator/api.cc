@@ -11,6 +11,9 @@ using rdmalloc::EnsureInitialised;
 using rdmalloc::TheHeap;
 
 namespace {
+// Like rdmalloc_lookup it reads the address, never the bytes: without the
+// same attribute GCC warns that rdmalloc_lookup passes on "uninitialized" addr.
+RDMALLOC_ADDRESS_ONLY(1)
 __attribute__((noinline)) int LookupFirstOnThread(const void* addr, size_t len, ibv_pd* pd,
                                                   rdmalloc_keys* out) {
   EnsureInitialised();
