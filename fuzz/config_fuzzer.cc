@@ -26,7 +26,7 @@ const char* const kKnown[] = {
     "RDMALLOC_BACKEND",  "RDMALLOC_DEVICE",     "RDMALLOC_VERBS_LIBRARY", "RDMALLOC_REGION_SIZE",
     "RDMALLOC_REGISTER", "RDMALLOC_ACCESS",     "RDMALLOC_MAX_PINNED",    "RDMALLOC_DECAY_MS",
     "RDMALLOC_STATS",    "RDMALLOC_STATS_FILE", "RDMALLOC_VERBOSE",      "RDMALLOC_NOTIFY",
-    "RDMALLOC_RETAIN",   "RDMALLOC_INTERPOSE",
+    "RDMALLOC_RETAIN",   "RDMALLOC_INTERPOSE",  "RDMALLOC_HUGEPAGES",
 };
 constexpr size_t kKnownCount = sizeof kKnown / sizeof kKnown[0];
 
@@ -231,6 +231,9 @@ void CheckConfig() {
   ExpectUsedOrWarned("RDMALLOC_VERBOSE", ok, ok && c.verbose == v[0] - '0', c.verbose == 0);
   ok = value("RDMALLOC_INTERPOSE") && (v == "0" || v == "1");
   ExpectUsedOrWarned("RDMALLOC_INTERPOSE", ok, ok && c.interpose == v[0] - '0', c.interpose == 1);
+
+  ok = value("RDMALLOC_HUGEPAGES") && (v == "0" || v == "1");
+  ExpectUsedOrWarned("RDMALLOC_HUGEPAGES", ok, ok && c.huge_pages == v[0] - '0', c.huge_pages == 1);
   int notify = 0;
   ok = value("RDMALLOC_NOTIFY") && !v.empty();
   for (size_t at = 0; ok;) {  // a comma list of ucx, libfabric; no empty items
