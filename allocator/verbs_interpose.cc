@@ -363,12 +363,11 @@ bool HoldPages(MrRecord* rec, const void* addr, size_t len) {
   return true;
 }
 
+// Every caller then gives the record back (its links overwrite the holds)
+// or sets new holds (FillServed, HoldPages), so nothing is reset here.
 inline void DropHolds(MrRecord* rec) {
   for (size_t i = 0; i < rec->holds.nheld; i++) TheHeap().DropHold(rec->holds.held[i]);
   if (rec->holds.held_bytes != 0) munmap(rec->holds.held, rec->holds.held_bytes);
-  rec->holds.nheld = 0;
-  rec->holds.held = rec->holds.inline_held;
-  rec->holds.held_bytes = 0;
 }
 
 bool Servable(unsigned access, uint64_t iova, const void* addr) {
