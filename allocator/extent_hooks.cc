@@ -66,10 +66,18 @@ std::atomic<bool> g_jemalloc_decays{true};
 // coalesced in its dirty cache, which stock jemalloc purges at once (kept,
 // they raised mstress's peak RSS to 1.09x jemalloc's). With no decay time
 // every freed extent comes back at once: warm.
-Heap::Freed HowFreed(Region* r, void* addr, size_t size) {
+Heap::Freed HowFreed(PageMap::Block held, size_t size) {
   if (!g_jemalloc_decays.load(std::memory_order_relaxed)) return Heap::Freed::kWarm;
   if (size < kLargeReturnedAtOnce) return Heap::Freed::kCold;
-  return TheHeap().HoldsLargeBlock(r, addr, size) ? Heap::Freed::kWarm : Heap::Freed::kCold;
+  return held != PageMap::Block::kSmall ? Heap::Freed::kWarm : Heap::Freed::kCold;
+}
+
+void Free(Region* r, void* addr, size_t size, unsigned arena_ind) {
+  PageMap::Block held = TheHeap().HeldBlock(r, addr, size);
+  Heap::Freed how = HowFreed(held, size);
+  Log(3, "extent freed: %zu bytes, arena %u (%s)", size, arena_ind,
+      how == Heap::Freed::kCold ? "cold" : "warm");
+  TheHeap().FreeExtent(r, addr, size, how, held);
 }
 
 // Accept: the pages go back to the heap, which keeps them registered (or
@@ -77,10 +85,7 @@ Heap::Freed HowFreed(Region* r, void* addr, size_t size) {
 bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
   HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
-    Heap::Freed how = HowFreed(r, addr, size);
-    Log(3, "extent dalloc %zu bytes, arena %u (%s)", size, arena_ind,
-        how == Heap::Freed::kCold ? "cold" : "warm");
-    TheHeap().FreeExtent(r, addr, size, how);
+    Free(r, addr, size, arena_ind);
     return false;
   }
   return g_default->dalloc(g_default, addr, size, committed, arena_ind);
@@ -89,7 +94,7 @@ bool Dalloc(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned a
 void Destroy(extent_hooks_t*, void* addr, size_t size, bool committed, unsigned arena_ind) {
   HookScope in_jemalloc;
   if (Region* r = TheHeap().RegionOf(addr, size)) {
-    TheHeap().FreeExtent(r, addr, size, HowFreed(r, addr, size));
+    Free(r, addr, size, arena_ind);
     return;
   }
   g_default->destroy(g_default, addr, size, committed, arena_ind);

@@ -84,7 +84,7 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
   return e.addr;
 }
 
-void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how) {
+void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Block held) {
   // Freed pages stay resident for reuse while what rdmalloc keeps stays
   // within RDMALLOC_RETAIN. Past it, an unregistered region that no memory
   // registration of the program's holds gives the excess back to the OS as
@@ -97,6 +97,8 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how) {
   // observers nothing is purged: another cache may have registered the pages
   // itself, and it only hears of whole regions (see AddObserver).
   unsigned shard = store_.EnterFree(r);
+  // Before any purge below, which would read as pages never touched.
+  if (held == PageMap::Block::kFreshLarge) store_.EndFreshLargeBlock(r, addr, size);
   size_t purged = 0;
   size_t excess = how == Freed::kCold ? size : store_.ExcessOverRetain(size);
   if (excess != 0 && !release_.observed() && r->registrations.load() == 0 &&

@@ -88,11 +88,14 @@ class Heap {
   // cold extent is one stock jemalloc would purge: kept resident for its
   // decay time already, or freed small blocks it coalesced past its
   // oversize threshold. Its pages are not kept (see HowFreed in the hooks).
+  // `held`: HeldBlock's answer for it (one shard lock per freed extent).
   enum class Freed { kWarm, kCold };
-  void FreeExtent(Region* r, void* addr, size_t size, Freed how);
-  // Whether some page of that extent was handed out in a large block.
-  bool HoldsLargeBlock(Region* r, const void* addr, size_t size) {
-    return store_.HoldsLargeBlock(r, addr, size);
+  void FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Block held);
+  // The largest block that extent holds part of (kSmall below kLargeBlock
+  // without a lock: no part of it can be a fresh large block's whole 2 MiB page,
+  // and the hooks need no more).
+  PageMap::Block HeldBlock(Region* r, const void* addr, size_t size) {
+    return size < kLargeBlock ? PageMap::Block::kSmall : store_.HeldBlock(r, addr, size);
   }
   void CountForeign() { foreign_extents_.fetch_add(1, std::memory_order_relaxed); }
   // The access class of the live allocation at p (0 for anything not in a

@@ -11,6 +11,7 @@ void PageMap::Init(uint64_t* words, size_t npages) {
   used_ = words;
   dirty_ = words + WordsFor(npages);
   large_ = words + 2 * WordsFor(npages);
+  fresh_ = words + 3 * WordsFor(npages);
   npages_ = npages;
   used_pages_ = 0;
   dirty_free_pages_ = 0;

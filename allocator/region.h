@@ -48,7 +48,7 @@ struct alignas(64) RegSlot {
 class PageMap {
  public:
   // `words` must be zeroed and hold kBitmaps * WordsFor(npages) words.
-  static constexpr size_t kBitmaps = 3;
+  static constexpr size_t kBitmaps = 4;
   void Init(uint64_t* words, size_t npages);
   static size_t WordsFor(size_t npages) { return (npages + 63) / 64; }
 
@@ -67,10 +67,20 @@ class PageMap {
   size_t Take(size_t first, size_t n);
   // Marks [first, first+n) free; `purged` pages read as zero again.
   void Give(size_t first, size_t n, bool purged);
-  // Whether [first, first+n) was last handed out in a large block
-  // (RegionStore's kLargeBlock), and whether any of its pages was.
-  void MarkLargeBlock(size_t first, size_t n, bool large) { SetRange(large_, first, n, large); }
-  bool HoldsLargeBlock(size_t first, size_t n) const { return AnySet(large_, first, n); }
+  // What [first, first+n) was last handed out in: a small extent, a large
+  // block (RegionStore's kLargeBlock), or a large block that was mostly
+  // fresh pages, which alone may get huge pages (RegionStore::set_huge_pages).
+  // Pages keep their mark while free, until they are handed out again.
+  enum class Block : uint8_t { kSmall, kLarge, kFreshLarge };
+  void MarkBlock(size_t first, size_t n, Block b) {
+    SetRange(large_, first, n, b != Block::kSmall);
+    SetRange(fresh_, first, n, b == Block::kFreshLarge);
+  }
+  // The kind of the largest block any page of [first, first+n) was in.
+  Block HeldBlock(size_t first, size_t n) const {
+    if (AnySet(fresh_, first, n)) return Block::kFreshLarge;
+    return AnySet(large_, first, n) ? Block::kLarge : Block::kSmall;
+  }
   // Free pages that may hold bytes: resident memory kept for reuse.
   size_t dirty_free_pages() const { return dirty_free_pages_; }
   // Calls purge(first, n) for each run of free dirty pages; the runs it
@@ -91,6 +101,7 @@ class PageMap {
   uint64_t* used_ = nullptr;   // handed to jemalloc
   uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
   uint64_t* large_ = nullptr;  // last handed out in a large block
+  uint64_t* fresh_ = nullptr;  // ... of mostly fresh pages
   size_t npages_ = 0;
   size_t used_pages_ = 0;
   size_t dirty_free_pages_ = 0;

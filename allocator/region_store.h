@@ -87,9 +87,13 @@ class RegionStore {
   // hold it.
   enum class Gave { kInUse, kKept, kEmpty };
   Gave Give(Region* r, void* addr, size_t size, size_t purged_bytes);
-  // Whether some page of the extent [addr, addr+size) of r, still handed
-  // out, was handed out in a large block (a request of kLargeBlock or more).
-  bool HoldsLargeBlock(Region* r, const void* addr, size_t size);
+  // The largest block the extent [addr, addr+size) of r, still handed out,
+  // holds part of (a large block: a request of kLargeBlock or more).
+  PageMap::Block HeldBlock(Region* r, const void* addr, size_t size);
+  // An extent holding a fresh large block, before Give (its pages still the
+  // caller's, so no Carve can advise them meanwhile): notes whether the
+  // program filled it, and takes its huge-page advice back.
+  void EndFreshLargeBlock(Region* r, void* addr, size_t size);
 
   // Holds of the program's memory registrations (Region::mr_holds). Hold
   // fails if r is no longer live. Drop returns kEmpty if r, empty and past
@@ -114,13 +118,16 @@ class RegionStore {
   uint64_t releases_held() const { return releases_held_.load(std::memory_order_relaxed); }
 
   // Transparent huge pages for large blocks (RDMALLOC_HUGEPAGES): regions
-  // are made MADV_NOHUGEPAGE; a carve of kLargeBlock or more advises its
-  // whole 2 MiB pages MADV_HUGEPAGE, and Give advises them back before the
-  // pages are free again. Only pages of one extent share a huge page, so the
-  // page map's count of resident free pages stays exact. Only while the
-  // shard's last freed large block was at least half resident (mincore): a
-  // program that touches little of its large blocks (sort's 28 MiB buffer
-  // of which it fills 1 MiB) would otherwise hold 2 MiB per page touched.
+  // are made MADV_NOHUGEPAGE; a carve of kLargeBlock or more with at least a
+  // huge page's worth of fresh pages (a *fresh large block*: its first touch
+  // faults them in) advises its whole 2 MiB pages MADV_HUGEPAGE, and
+  // EndFreshLargeBlock advises them back before the pages are free again.
+  // Only pages of one extent share a huge page, so the page map's count of
+  // resident free pages stays exact. Only while the shard's last freed fresh
+  // large block was mostly resident (mincore): a program that touches little
+  // of its large blocks (sort's 28 MiB buffer of which it fills 1 MiB) would
+  // otherwise hold 2 MiB per page touched. A large block of resident pages
+  // costs no system call: advice would not change its pages.
   void set_huge_pages(bool on) { huge_pages_ = on; }
 
   // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
@@ -199,8 +206,12 @@ class RegionStore {
   Region* NewRegion(unsigned shard, size_t size, size_t alignment, unsigned access_class);
   // With the shard locked: pages of r taken / given, r unlisted.
   // Returns how many of the pages were resident (or pinned: all of them).
-  size_t TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty);
+  // *fresh_large: the pages are a fresh large block.
+  size_t TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty,
+                         bool* fresh_large);
   void UnlistLocked(Shard& s, Region* r);
+  // What n pages handed out together are, new_pages of them not resident.
+  PageMap::Block BlockOf(size_t n, size_t new_pages) const;
   // Fewer pages retained: the epoch's floor follows them down.
   void Unretain(uint64_t pages);
   void CountHeldLocked(Shard& s);

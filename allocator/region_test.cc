@@ -36,25 +36,37 @@ TEST(PageMapTest, WordsFor) {
   EXPECT_EQ(PageMap::WordsFor(512), 8u);
 }
 
-// Pages remember whether they were last handed out in a large block, across
-// word boundaries, until they are handed out again.
-TEST(PageMapTest, LargeBlockMarksLastUntilThePagesAreHandedOutAgain) {
-  TestPages t(200);
+// Pages remember what block they were last handed out in, across word
+// boundaries, until they are handed out again; an extent reads as the
+// largest kind any of its pages was in.
+TEST(PageMapTest, BlockMarksLastUntilThePagesAreHandedOutAgain) {
+  using Block = PageMap::Block;
+  TestPages t(300);
   PageMap& m = t.map;
-  EXPECT_FALSE(m.HoldsLargeBlock(0, 200));
+  EXPECT_EQ(m.HeldBlock(0, 300), Block::kSmall);
   m.Take(60, 80);
-  m.MarkLargeBlock(60, 80, true);
-  EXPECT_TRUE(m.HoldsLargeBlock(0, 61));
-  EXPECT_TRUE(m.HoldsLargeBlock(139, 61));
-  EXPECT_FALSE(m.HoldsLargeBlock(0, 60));
-  EXPECT_FALSE(m.HoldsLargeBlock(140, 60));
+  m.MarkBlock(60, 80, Block::kLarge);
+  EXPECT_EQ(m.HeldBlock(0, 61), Block::kLarge);
+  EXPECT_EQ(m.HeldBlock(139, 61), Block::kLarge);
+  EXPECT_EQ(m.HeldBlock(0, 60), Block::kSmall);
+  EXPECT_EQ(m.HeldBlock(140, 60), Block::kSmall);
+  m.Take(200, 70);
+  m.MarkBlock(200, 70, Block::kFreshLarge);
+  EXPECT_EQ(m.HeldBlock(100, 101), Block::kFreshLarge) << "the largest kind wins";
+  EXPECT_EQ(m.HeldBlock(270, 30), Block::kSmall);
   m.Give(60, 80, false);
-  EXPECT_TRUE(m.HoldsLargeBlock(100, 1)) << "freed pages keep their mark";
+  m.Give(200, 70, false);
+  EXPECT_EQ(m.HeldBlock(100, 1), Block::kLarge) << "freed pages keep their mark";
+  EXPECT_EQ(m.HeldBlock(269, 1), Block::kFreshLarge);
   m.Take(100, 10);
-  m.MarkLargeBlock(100, 10, false);
-  EXPECT_FALSE(m.HoldsLargeBlock(100, 10));
-  EXPECT_TRUE(m.HoldsLargeBlock(99, 1));
-  EXPECT_TRUE(m.HoldsLargeBlock(110, 1));
+  m.MarkBlock(100, 10, Block::kSmall);
+  EXPECT_EQ(m.HeldBlock(100, 10), Block::kSmall);
+  EXPECT_EQ(m.HeldBlock(99, 1), Block::kLarge);
+  EXPECT_EQ(m.HeldBlock(110, 1), Block::kLarge);
+  m.Take(190, 20);
+  m.MarkBlock(190, 20, Block::kLarge);
+  EXPECT_EQ(m.HeldBlock(190, 20), Block::kLarge) << "a fresh mark goes with the next block";
+  EXPECT_EQ(m.HeldBlock(210, 1), Block::kFreshLarge);
 }
 
 TEST(PageMapTest, FreshMapIsAllFree) {
@@ -597,14 +609,32 @@ bool ThpAdvisable() {
   return s.find("[always]") != std::string::npos || s.find("[madvise]") != std::string::npos;
 }
 
+// Whether any 2 MiB page of [addr, addr+size) is advised MADV_HUGEPAGE.
+bool AnyChunkAdvised(void* addr, size_t size) {
+  for (size_t off = 0; off < size; off += 2 * kMiB) {
+    MappingInfo m = MappingOf(static_cast<char*>(addr) + off);
+    if (HasFlag(m, "hg")) return true;
+  }
+  return false;
+}
+
 RegionStore g_huge_store;
 
-// RDMALLOC_HUGEPAGES: the whole 2 MiB pages of a large block, and only
+// What Heap::FreeExtent does with a freed extent's pages.
+RegionStore::Gave Free(RegionStore& store, const RegionStore::Extent& e, size_t size) {
+  if (store.HeldBlock(e.region, e.addr, size) == PageMap::Block::kFreshLarge)
+    store.EndFreshLargeBlock(e.region, e.addr, size);
+  return store.Give(e.region, e.addr, size, 0);
+}
+
+// RDMALLOC_HUGEPAGES: the whole 2 MiB pages of a fresh large block, and only
 // those, are advised MADV_HUGEPAGE while it is handed out, and only while
-// the shard's last freed large block was mostly resident; the rest of the
-// region is MADV_NOHUGEPAGE, so no huge page ever spans free pages the page
-// map counts as never touched.
+// the shard's last freed fresh large block was mostly resident; the rest of
+// the region is MADV_NOHUGEPAGE, so no huge page ever spans free pages the
+// page map counts as never touched. A large block of resident pages is
+// left alone (advice would change nothing there, and costs system calls).
 TEST(RegionStoreTest, FilledLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
+  using Block = PageMap::Block;
   g_huge_store.set_region_size(64 * kMiB);
   g_huge_store.set_retain(256 * kMiB);
   g_huge_store.set_huge_pages(true);
@@ -613,16 +643,19 @@ TEST(RegionStoreTest, FilledLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
   ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 8 * kMiB, 4096, &first));
   ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 64 << 10, 4096, &small));
   ASSERT_EQ(small.region, first.region);
+  EXPECT_EQ(g_huge_store.HeldBlock(first.region, first.addr, 8 * kMiB), Block::kFreshLarge);
+  EXPECT_EQ(g_huge_store.HeldBlock(small.region, small.addr, 64 << 10), Block::kSmall);
   MappingInfo m = MappingOf(static_cast<char*>(first.addr) + 2 * kMiB);
   EXPECT_FALSE(HasFlag(m, "hg")) << "no large block was freed filled yet: " << m.flags;
   m = MappingOf(small.addr);
   EXPECT_TRUE(HasFlag(m, "nh")) << "small extent's flags:" << m.flags;
   memset(first.addr, 0x5A, 8 * kMiB);
-  EXPECT_EQ(g_huge_store.Give(first.region, first.addr, 8 * kMiB, 0), RegionStore::Gave::kInUse);
+  EXPECT_EQ(Free(g_huge_store, first, 8 * kMiB), RegionStore::Gave::kInUse);
 
-  // The last large block was filled: the next one gets huge pages.
+  // The last large block was filled: the next fresh one gets huge pages.
   RegionStore::Extent filled;
   ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 24 * kMiB, 4096, &filled));
+  ASSERT_EQ(filled.new_pages, 24 * kMiB / kPageSize) << "more than the resident free pages";
   char* f = static_cast<char*>(filled.addr);
   m = MappingOf(f + 2 * kMiB);
   EXPECT_TRUE(HasFlag(m, "hg")) << "large block's flags:" << m.flags;
@@ -636,24 +669,34 @@ TEST(RegionStoreTest, FilledLargeBlocksAskForHugePagesAndOnlyWhileHandedOut) {
     fprintf(stderr, "*** NOT CHECKED: transparent huge pages are off in this kernel "
                     "(/sys/kernel/mm/transparent_hugepage/enabled): only the advice is checked\n");
   }
-  EXPECT_NE(g_huge_store.Give(filled.region, filled.addr, 24 * kMiB, 0), RegionStore::Gave::kEmpty);
+  EXPECT_NE(Free(g_huge_store, filled, 24 * kMiB), RegionStore::Gave::kEmpty);
   m = MappingOf(f + 2 * kMiB);
   EXPECT_TRUE(HasFlag(m, "nh")) << "freed large block's flags:" << m.flags;
   EXPECT_FALSE(HasFlag(m, "hg"));
 
+  // Resident pages (the two blocks just freed): a large block, not a fresh one.
+  RegionStore::Extent reused;
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 16 * kMiB, 4096, &reused));
+  EXPECT_EQ(reused.new_pages, 0u);
+  EXPECT_EQ(g_huge_store.HeldBlock(reused.region, reused.addr, 16 * kMiB), Block::kLarge);
+  EXPECT_FALSE(AnyChunkAdvised(reused.addr, 16 * kMiB)) << "a large block of resident pages";
+  EXPECT_NE(Free(g_huge_store, reused, 16 * kMiB), RegionStore::Gave::kEmpty);
+
   // One barely touched (fresh pages of a region of its own, one byte): the
-  // next one gets none.
+  // next fresh one gets none.
   RegionStore::Extent sparse;
   ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 80 * kMiB, 4096, &sparse));
   ASSERT_TRUE(sparse.fresh);
   EXPECT_TRUE(HasFlag(MappingOf(static_cast<char*>(sparse.addr) + 2 * kMiB), "hg"));
   static_cast<char*>(sparse.addr)[0] = 1;
-  EXPECT_NE(g_huge_store.Give(sparse.region, sparse.addr, 80 * kMiB, 0), RegionStore::Gave::kEmpty);
+  EXPECT_NE(Free(g_huge_store, sparse, 80 * kMiB), RegionStore::Gave::kEmpty);
+  // More than any region's resident free pages (24 MiB): some fresh ones.
   RegionStore::Extent after_sparse;
-  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 4 * kMiB, 4096, &after_sparse));
-  m = MappingOf(static_cast<char*>(after_sparse.addr) + 2 * kMiB);
-  EXPECT_FALSE(HasFlag(m, "hg")) << "after a sparse large block: " << m.flags;
-  g_huge_store.Give(after_sparse.region, after_sparse.addr, 4 * kMiB, 0);
+  ASSERT_TRUE(g_huge_store.Carve(arena, 0, nullptr, 40 * kMiB, 4096, &after_sparse));
+  ASSERT_EQ(g_huge_store.HeldBlock(after_sparse.region, after_sparse.addr, 40 * kMiB),
+            Block::kFreshLarge);
+  EXPECT_FALSE(AnyChunkAdvised(after_sparse.addr, 40 * kMiB)) << "after a sparse large block";
+  Free(g_huge_store, after_sparse, 40 * kMiB);
   g_huge_store.Give(small.region, small.addr, 64 << 10, 0);
 }
 

@@ -119,7 +119,8 @@ void Worker(Heap& heap, int id, int rounds, Published* table, std::atomic<int>* 
         failures->fetch_add(1);
         continue;
       }
-      heap.FreeExtent(r, reinterpret_cast<void*>(old), size, rdmalloc::Heap::Freed::kWarm);
+      heap.FreeExtent(r, reinterpret_cast<void*>(old), size, rdmalloc::Heap::Freed::kWarm,
+                      heap.HeldBlock(r, reinterpret_cast<void*>(old), size));
       continue;
     }
     size_t size = PickPages(rng) << kPageShift;
@@ -187,7 +188,8 @@ void Worker(Heap& heap, int id, int rounds, Published* table, std::atomic<int>* 
     size_t size = mine[i].size.load();
     Region* r = heap.RegionOf(reinterpret_cast<void*>(a), size);
     ASSERT_NE(r, nullptr);
-    heap.FreeExtent(r, reinterpret_cast<void*>(a), size, rdmalloc::Heap::Freed::kWarm);
+    heap.FreeExtent(r, reinterpret_cast<void*>(a), size, rdmalloc::Heap::Freed::kWarm,
+                   heap.HeldBlock(r, reinterpret_cast<void*>(a), size));
   }
 }
 
@@ -249,7 +251,7 @@ TEST(HeapThreads, HeldRegionsOutliveTheirExtentsAndGoWithTheLastHold) {
           failures.fetch_add(1);
           return;
         }
-        heap.FreeExtent(r, p, size, rdmalloc::Heap::Freed::kWarm);
+        heap.FreeExtent(r, p, size, rdmalloc::Heap::Freed::kWarm, heap.HeldBlock(r, p, size));
         if (rng() % 4 == 0) heap.GiveBackRetained();  // sheds and purges, as malloc_trim
         if (heap.RegionOf(p, 1) != r) {
           ADD_FAILURE() << "a region under a hold was released";
@@ -294,7 +296,8 @@ TEST(HeapThreads, DomainsAddedAndRemovedUnderLookups) {
         } else if (rc != RDMALLOC_EINVAL && !(rc == RDMALLOC_EREGFAIL && k.reg_errno == ENODEV)) {
           ADD_FAILURE() << "lookup under a domain coming and going: " << rc;
         }
-        heap.FreeExtent(heap.RegionOf(p, size), p, size, rdmalloc::Heap::Freed::kWarm);
+        Region* r = heap.RegionOf(p, size);
+        heap.FreeExtent(r, p, size, rdmalloc::Heap::Freed::kWarm, heap.HeldBlock(r, p, size));
       }
       running.fetch_sub(1);
     });
