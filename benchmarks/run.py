@@ -25,7 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = None  # the optimised build's bazel-bin, set in main()
 WORKLOADS = ["larson", "xmalloc", "cache_scratch", "mstress", "small_loop", "large_blocks",
-             "extent_churn"]
+             "sparse_blocks", "extent_churn"]
 ALLOCATORS = ["glibc", "jemalloc", "rdmalloc"]
 
 

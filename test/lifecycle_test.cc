@@ -436,22 +436,22 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
   exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
-// jemalloc gives an extent back at once when it reaches 8 MiB. That is a
-// large block freed, which rdmalloc keeps for the next one, or freed smaller
-// blocks that jemalloc coalesced past 8 MiB in its dirty cache, which stock
-// jemalloc purges at once: rdmalloc purges those too. It used to keep them,
-// and mstress peaked at 1.09x jemalloc's RSS at 1 thread (0.95x with them
-// purged).
-TEST(Retain, SmallBlocksCoalescedPastEightMiBAreNotKeptButALargeBlockIs) {
+// jemalloc gives an extent back at once (purged, in stock jemalloc) when it
+// coalesces to 8 MiB in its dirty cache. A large block freed does, and
+// rdmalloc keeps it for the next one. Freed smaller blocks coalesce no
+// further than that (the merge hook), as stock jemalloc's stop at the edges
+// of its mappings: they wait in the dirty cache, resident, for reuse. They
+// used to reach 8 MiB and be purged at once, and mstress at two threads
+// purged 2.8x the bytes of stock jemalloc and faulted 1.3x as often.
+TEST(Retain, SmallBlocksStayInTheDirtyCacheButALargeBlockComesBackAndIsKept) {
   if (!IsRerunChild()) {
-    EXPECT_EQ(RerunSelf("Retain.SmallBlocksCoalescedPastEightMiBAreNotKeptButALargeBlockIs",
+    EXPECT_EQ(RerunSelf("Retain.SmallBlocksStayInTheDirtyCacheButALargeBlockComesBackAndIsKept",
                         {"RDMALLOC_DECAY_MS=10000", "RDMALLOC_RETAIN=128M"}),
               0);
     return;
   }
   // 96 blocks of 256 KiB: extents of their own, past the thread cache, carved
-  // side by side in regions of up to 16 MiB; freed, jemalloc coalesces them
-  // until 8 MiB of one region go back at once.
+  // side by side in regions of up to 16 MiB, then freed.
   const size_t small = size_t{256} << 10, count = 96, large = size_t{16} << 20;
   std::vector<char*> blocks(count);
   for (char*& b : blocks) {
@@ -462,16 +462,12 @@ TEST(Retain, SmallBlocksCoalescedPastEightMiBAreNotKeptButALargeBlockIs) {
   struct rdmalloc_stats before = Stats();
   for (char* b : blocks) free(b);
   struct rdmalloc_stats after = Stats();
-  ASSERT_GE(before.bytes_in_use, after.bytes_in_use + (size_t{8} << 20))
-      << "jemalloc did not give 8 MiB of coalesced blocks back (the test's premise)";
-  EXPECT_LT(after.bytes_retained, before.bytes_retained + (size_t{1} << 20))
-      << "coalesced small blocks were kept: " << (after.bytes_retained - before.bytes_retained)
-      << " bytes more retained";
-  // What jemalloc keeps in its dirty cache stays resident; what it gave back does not.
-  size_t returned = before.bytes_in_use - after.bytes_in_use, resident = 0;
+  EXPECT_LT(before.bytes_in_use - after.bytes_in_use, size_t{8} << 20)
+      << "jemalloc gave " << (before.bytes_in_use - after.bytes_in_use)
+      << " bytes of freed small blocks back at once";
+  size_t resident = 0;
   for (char* b : blocks) resident += ResidentBytes(b, small);
-  EXPECT_LT(resident, count * small - returned / 2)
-      << "the coalesced blocks given back are still resident";
+  EXPECT_GE(resident, count * small * 3 / 4) << "freed small blocks were purged";
 
   // A large block freed is kept, resident, for the next one.
   char* p = static_cast<char*>(malloc(large));
