@@ -68,8 +68,9 @@ class PageMap {
   // Marks [first, first+n) free; `purged` pages read as zero again.
   void Give(size_t first, size_t n, bool purged);
   // What [first, first+n) was last handed out in: a small extent, a large
-  // block (RegionStore's kLargeBlock), or a large block that was mostly
-  // fresh pages, which alone may get huge pages (RegionStore::set_huge_pages).
+  // block (RegionStore's kLargeBlock), or a fresh large block (with a huge
+  // page's worth of pages not yet resident), which alone may get huge pages
+  // (RegionStore::set_huge_pages).
   // Pages keep their mark while free, until they are handed out again.
   enum class Block : uint8_t { kSmall, kLarge, kFreshLarge };
   void MarkBlock(size_t first, size_t n, Block b) {
@@ -101,7 +102,7 @@ class PageMap {
   uint64_t* used_ = nullptr;   // handed to jemalloc
   uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
   uint64_t* large_ = nullptr;  // last handed out in a large block
-  uint64_t* fresh_ = nullptr;  // ... of mostly fresh pages
+  uint64_t* fresh_ = nullptr;  // ... a fresh one
   size_t npages_ = 0;
   size_t used_pages_ = 0;
   size_t dirty_free_pages_ = 0;
