@@ -86,8 +86,9 @@ class Heap {
   }
   // jemalloc gave [addr, addr+size) back for good (dalloc or destroy). A
   // cold extent is one stock jemalloc would purge: kept resident for its
-  // decay time already, or freed small blocks it coalesced past its
-  // oversize threshold. Its pages are not kept (see HowFreed in the hooks).
+  // decay time already, or only small blocks given back at once (an arena's
+  // end; the merge hook keeps them from coalescing that far otherwise). Its
+  // pages are not kept (see HowFreed in the hooks).
   // `held`: HeldBlock's answer for it (one shard lock per freed extent).
   enum class Freed { kWarm, kCold };
   void FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Block held);
