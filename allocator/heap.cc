@@ -75,7 +75,10 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
   // fault in are purged elsewhere (unregistered, unheld, never waiting, never
   // under observers), since the request could not use them. Only for large
   // extents, where the scan of the regions is cheap beside the faults.
-  if (e.new_pages >= kMatchedNewPages && store_.retained_bytes() != 0 && !release_.observed())
+  // Not while the shard's large blocks are sparse: most of their new pages
+  // are never touched, and the retained ones are what they do touch.
+  if (e.new_pages >= kMatchedNewPages && store_.retained_bytes() != 0 && !release_.observed() &&
+      !store_.LargeBlocksSparse(e.region))
     PurgeFreePages(uint64_t{e.new_pages} << kPageShift, /*may_wait=*/false);
   // Freed pages of a registered region are never purged, so they may hold
   // old bytes; jemalloc asked for zeroes or is told the truth.
@@ -96,13 +99,21 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Bl
   // busy, a registration is under way and the pages simply stay). With
   // observers nothing is purged: another cache may have registered the pages
   // itself, and it only hears of whole regions (see AddObserver).
+  // Of a sparse large block only its resident head is kept (EndLargeBlock);
+  // the rest comes back untouched (PageMap::GiveUntouched): not counted as
+  // kept, so it forces no purge of the heads a loop over such blocks reuses,
+  // and not purged here: a madvise per block freed page tables that the next
+  // block faulted back, 2x slower than leaving it to the sweep below.
   unsigned shard = store_.EnterFree(r);
+  bool may_purge = !release_.observed() && r->registrations.load() == 0;
   // Before any purge below, which would read as pages never touched.
-  if (held == PageMap::Block::kFreshLarge) store_.EndFreshLargeBlock(r, addr, size);
+  size_t keep = size;
+  if (held != PageMap::Block::kSmall)
+    keep = store_.EndLargeBlock(r, addr, size, held, how == Freed::kWarm && may_purge);
+  size_t excess = how == Freed::kCold ? size : store_.ExcessOverRetain(keep);
+  if (excess != 0) excess += size - keep;  // the tail: untouched pages first
   size_t purged = 0;
-  size_t excess = how == Freed::kCold ? size : store_.ExcessOverRetain(size);
-  if (excess != 0 && !release_.observed() && r->registrations.load() == 0 &&
-      r->reg_lock.TryLock()) {
+  if (excess != 0 && may_purge && r->reg_lock.TryLock()) {
     if (r->registrations.load() == 0 && r->mr_holds.load() == 0) {
       size_t tail = (excess + kPageSize - 1) & ~(kPageSize - 1);
       if (tail > size) tail = size;
@@ -111,18 +122,23 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Bl
     }
     Unlock(r);
   }
-  if (store_.Give(r, addr, size, purged) == RegionStore::Gave::kEmpty) Release(r);
+  if (store_.Give(r, addr, size, purged, keep) == RegionStore::Gave::kEmpty) Release(r);
   // Registered or observed free pages cannot be purged: past the bound,
   // kept empty regions of this shard go instead.
   while (Region* kept = store_.ShedKept(shard)) Release(kept);
-  // Pages nobody took for a whole idle epoch; as above, never under observers
-  // and never waiting for a registration.
-  uint64_t idle = store_.EndIdleEpoch(NowNs(), kIdleEpochNs);
-  if (idle != 0 && !release_.observed()) PurgeFreePages(idle << kPageShift, /*may_wait=*/false);
+  // Pages nobody took for a whole idle epoch, and the untouched pages (so
+  // that any a program did touch past a sparse block's head are not kept
+  // longer); as above, never under observers and never waiting for a
+  // registration.
+  uint64_t idle = 0, now = NowNs();
+  if (store_.EndIdleEpoch(now, kIdleEpochNs, &idle) && idle != 0 && !release_.observed())
+    PurgeFreePages(idle << kPageShift, /*may_wait=*/false);
+  if (store_.SweepDue(now, kSweepNs) && !release_.observed())
+    PurgeFreePages(UINT64_MAX, /*may_wait=*/false, PageMap::Which::kUntouched);
   store_.LeaveFree(shard);
 }
 
-uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait) {
+uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait, PageMap::Which which) {
   uint64_t purged = 0;
   size_t used = store_.descriptors_used();
   for (size_t i = 0; i < used && purged < budget; i++) {
@@ -131,7 +147,7 @@ uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait) {
     if (!(seq & 1) || r->registrations.load() != 0) continue;
     if (may_wait) r->reg_lock.Lock();
     else if (!r->reg_lock.TryLock()) continue;
-    if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq, budget - purged);
+    if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq, budget - purged, which);
     Unlock(r);
   }
   return purged;
@@ -140,7 +156,7 @@ uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait) {
 void Heap::GiveBackRetained() {
   while (Region* kept = store_.TakeKept()) Release(kept);
   if (release_.observed()) return;  // observers may hold MRs on free pages
-  PurgeFreePages(UINT64_MAX, /*may_wait=*/true);
+  PurgeFreePages(UINT64_MAX, /*may_wait=*/true, PageMap::Which::kAll);
 }
 
 // ---------------------------------------------------------------- release

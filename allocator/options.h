@@ -234,6 +234,9 @@ inline constexpr Option kOptions[] = {
      "cache, as in stock jemalloc); so are "
      "kept pages no request took for 100 ms, and, before a large block faults "
      "in new pages, as many kept pages elsewhere (what is kept does not raise the peak). "
+     "Of a large block whose program wrote only its head (less than a quarter of "
+     "its middle MiB resident), only that head is kept and counted; the rest is purged within "
+     "10 ms, and the next large block starts on a freed head. "
      "A loop of large "
      "blocks then reuses pages instead of mapping, faulting and unmapping them (1–32 MiB "
      "blocks, 2 threads: `64M` faulted 2.7× more pages and took 2.6× longer); a kept "
@@ -242,9 +245,9 @@ inline constexpr Option kOptions[] = {
      "back."},
     {"RDMALLOC_HUGEPAGES", OneOf(kOnOffWords), FieldOf<&Config::huge_pages>(), 1, "1",
      "`0`, `1`", "`1`",
-     "`1`: once an arena's last freed fresh large block (an extent of 2 MiB or more, "
-     "with at least 2 MiB of pages not yet resident) was at least half resident, its "
-     "next fresh large blocks ask the kernel for transparent huge pages "
+     "`1`: while an arena's last freed large block (an extent of 2 MiB or more) was "
+     "at least half resident, its next fresh large blocks (with at least 2 MiB of "
+     "pages not yet resident) ask the kernel for transparent huge pages "
      "(`madvise(MADV_HUGEPAGE)` on their whole 2 MiB pages, undone when freed): they "
      "fault in 2 MiB at a time (a loop over 1–32 MiB blocks ran 3–9× "
      "faster) and a NIC maps them with fewer, larger pages. A program that touches "

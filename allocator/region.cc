@@ -1,5 +1,6 @@
 #include "allocator/region.h"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace rdmalloc {
@@ -12,9 +13,11 @@ void PageMap::Init(uint64_t* words, size_t npages) {
   dirty_ = words + WordsFor(npages);
   large_ = words + 2 * WordsFor(npages);
   fresh_ = words + 3 * WordsFor(npages);
+  untouched_ = words + 4 * WordsFor(npages);
   npages_ = npages;
   used_pages_ = 0;
   dirty_free_pages_ = 0;
+  untouched_free_pages_ = 0;
 }
 
 namespace {
@@ -51,6 +54,28 @@ size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
   size_t count = static_cast<size_t>(__builtin_popcountll(bits[w] & Bits(first % 64, 64)));
   for (size_t i = w + 1; i < last; i++) count += static_cast<size_t>(__builtin_popcountll(bits[i]));
   return count + static_cast<size_t>(__builtin_popcountll(bits[last] & Bits(0, end - last * 64)));
+}
+
+RDMALLOC_POPCNT_CLONES
+size_t PageMap::CountResident(size_t first, size_t n) const {
+  if (n == 0) return 0;
+  size_t end = first + n, w = first / 64, last = (end - 1) / 64;
+  auto word = [&](size_t i) { return dirty_[i] & ~untouched_[i]; };
+  if (w == last) return static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, end - w * 64)));
+  size_t count = static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, 64)));
+  for (size_t i = w + 1; i < last; i++) count += static_cast<size_t>(__builtin_popcountll(word(i)));
+  return count + static_cast<size_t>(__builtin_popcountll(word(last) & Bits(0, end - last * 64)));
+}
+
+size_t PageMap::NextResident(size_t p, size_t end, bool resident) const {
+  while (p < end) {
+    uint64_t w = dirty_[p / 64] & ~untouched_[p / 64];
+    if (!resident) w = ~w;
+    w &= ~uint64_t{0} << (p % 64);
+    if (w != 0) return std::min(end, p / 64 * 64 + static_cast<size_t>(__builtin_ctzll(w)));
+    p = (p / 64 + 1) * 64;
+  }
+  return end;
 }
 
 bool PageMap::AnySet(const uint64_t* bits, size_t first, size_t n) const {
@@ -90,26 +115,40 @@ size_t PageMap::NextWithUsed(size_t p, bool used) const {
   return npages_;
 }
 
-size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident) const {
+size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident,
+                         size_t head_pages) const {
   size_t best = npages_, best_resident = 0;
   if (n == 0 || n > npages_ - used_pages_) return npages_;
+  size_t scored = head_pages != 0 ? std::min(n, head_pages) : n;
   auto consider = [&](size_t at) {
-    size_t r = CountSet(dirty_, at, n);
+    size_t r = CountResident(at, scored);
     if (best == npages_ || r > best_resident) {
       best = at;
       best_resident = r;
     }
   };
+  auto align_up = [&](size_t p) { return ((p + skew + align - 1) & ~(align - 1)) - skew; };
   // Free runs a word at a time: the alloc hook scans every region of its
   // shard this way.
   size_t p = NextWithUsed(0, false);
-  while (p < npages_ && best_resident < n) {
+  while (p < npages_ && best_resident < scored) {
     size_t end = NextWithUsed(p + 1, true);  // the free run [p, end)
-    size_t low = ((p + skew + align - 1) & ~(align - 1)) - skew;
+    size_t low = align_up(p);
     if (low + n <= end) {
       consider(low);
       size_t high = ((end - n + skew) & ~(align - 1)) - skew;
       if (high > low) consider(high);
+      // Where each run of resident pages after low starts (the first 16):
+      // a freed sparse block's head.
+      constexpr int kMaxHeads = 16;
+      auto next_head = [&](size_t q) { return NextResident(NextResident(q, end, false), end, true); };
+      size_t q = next_head(low);
+      for (int k = 0; head_pages != 0 && k < kMaxHeads && q < end && best_resident < scored; k++) {
+        size_t at = align_up(q);
+        if (at + n > end) break;
+        consider(at);
+        q = next_head(q);
+      }
     }
     p = NextWithUsed(end, false);
   }
@@ -121,19 +160,30 @@ bool PageMap::IsFree(size_t first, size_t n) const {
   return first + n <= npages_ && !AnySet(used_, first, n);
 }
 
-size_t PageMap::Take(size_t first, size_t n) {
-  size_t dirty = CountSet(dirty_, first, n);
+size_t PageMap::Take(size_t first, size_t n, size_t* dirty) {
+  size_t all_dirty = CountSet(dirty_, first, n);
+  size_t untouched = CountSet(untouched_, first, n);
   SetRange(used_, first, n, true);
   SetRange(dirty_, first, n, true);
+  SetRange(untouched_, first, n, false);
   used_pages_ += n;
-  dirty_free_pages_ -= dirty;
-  return dirty;
+  dirty_free_pages_ -= all_dirty - untouched;
+  untouched_free_pages_ -= untouched;
+  if (dirty != nullptr) *dirty = all_dirty;
+  return all_dirty - untouched;
 }
 
 void PageMap::Give(size_t first, size_t n, bool purged) {
   SetRange(used_, first, n, false);
   if (purged) SetRange(dirty_, first, n, false);
   else dirty_free_pages_ += n;  // every used page is dirty
+  used_pages_ -= n;
+}
+
+void PageMap::GiveUntouched(size_t first, size_t n) {
+  SetRange(used_, first, n, false);
+  SetRange(untouched_, first, n, true);  // and dirty, as every used page
+  untouched_free_pages_ += n;
   used_pages_ -= n;
 }
 

@@ -48,7 +48,7 @@ struct alignas(64) RegSlot {
 class PageMap {
  public:
   // `words` must be zeroed and hold kBitmaps * WordsFor(npages) words.
-  static constexpr size_t kBitmaps = 4;
+  static constexpr size_t kBitmaps = 5;
   void Init(uint64_t* words, size_t npages);
   static size_t WordsFor(size_t npages) { return (npages + 63) / 64; }
 
@@ -57,19 +57,31 @@ class PageMap {
 
   // A place for n free pages whose first page p has (p + skew) % align == 0
   // (align in pages, a power of two): of each free run's lowest and highest
-  // such place, the one with the most resident (dirty) pages, since reusing
-  // them costs no page fault; ties go to the lowest address. *resident, if
-  // given, gets that count. Returns npages() if none.
-  size_t FindFree(size_t n, size_t align, size_t skew, size_t* resident = nullptr) const;
+  // such place, the one with the most resident (dirty, not untouched)
+  // pages, since reusing them costs no page fault; ties go to the lowest
+  // address. *resident, if given, gets that count. Returns npages() if none.
+  // With head_pages, only the first head_pages pages of a place count, and
+  // the start of each of the first 16 runs of resident pages after a free
+  // run's lowest place is a place too: for a large block whose program
+  // touches only its head, a freed one's resident head is where it goes.
+  size_t FindFree(size_t n, size_t align, size_t skew, size_t* resident = nullptr,
+                  size_t head_pages = 0) const;
   bool IsFree(size_t first, size_t n) const;
   // Marks [first, first+n) used and dirty; returns how many of those pages
+  // were resident (dirty, not untouched). *dirty, if given, gets how many
   // were dirty (0: all read as zero).
-  size_t Take(size_t first, size_t n);
+  size_t Take(size_t first, size_t n, size_t* dirty = nullptr);
   // Marks [first, first+n) free; `purged` pages read as zero again.
   void Give(size_t first, size_t n, bool purged);
+  // Marks [first, first+n) free and *untouched*: past the head of a sparse
+  // large block (RegionStore::EndLargeBlock), pages its program most likely
+  // never touched. Not resident as far as placement and retention count,
+  // yet dirty (a page may have been touched, or be swapped out) until
+  // PurgeFree purges them or a Take hands them out again.
+  void GiveUntouched(size_t first, size_t n);
   // What [first, first+n) was last handed out in: a small extent, a large
   // block (RegionStore's kLargeBlock), or a fresh large block (with a huge
-  // page's worth of pages not yet resident), which alone may get huge pages
+  // page's worth of pages not yet resident), which alone gets huge pages
   // (RegionStore::set_huge_pages).
   // Pages keep their mark while free, until they are handed out again.
   enum class Block : uint8_t { kSmall, kLarge, kFreshLarge };
@@ -82,12 +94,17 @@ class PageMap {
     if (AnySet(fresh_, first, n)) return Block::kFreshLarge;
     return AnySet(large_, first, n) ? Block::kLarge : Block::kSmall;
   }
-  // Free pages that may hold bytes: resident memory kept for reuse.
+  // Free pages that may hold bytes and are not untouched: resident memory
+  // kept for reuse.
   size_t dirty_free_pages() const { return dirty_free_pages_; }
-  // Calls purge(first, n) for each run of free dirty pages; the runs it
-  // purged (it returns true) read as zero again. Returns the pages purged.
+  size_t untouched_free_pages() const { return untouched_free_pages_; }
+  // Calls purge(first, n) for each run of free dirty pages that are
+  // resident, untouched, or either (`which`); the runs it purged (it returns
+  // true) read as zero again. Stops after about max_pages. Returns the
+  // resident pages purged (what retention counts).
+  enum class Which { kResident, kUntouched, kAll };
   template <typename Purge>
-  size_t PurgeDirtyFree(Purge purge, size_t max_pages = SIZE_MAX);
+  size_t PurgeDirtyFree(Purge purge, size_t max_pages = SIZE_MAX, Which which = Which::kResident);
 
  private:
   // The first page at or after p that is used (or free); npages() if none.
@@ -95,33 +112,48 @@ class PageMap {
   bool AnySet(const uint64_t* bits, size_t first, size_t n) const;
   size_t CountSet(const uint64_t* bits, size_t first, size_t n) const;
   static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
-  bool DirtyFree(size_t p) const {
-    return ((dirty_[p / 64] >> (p % 64)) & 1) && !((used_[p / 64] >> (p % 64)) & 1);
+  static bool Bit(const uint64_t* bits, size_t p) { return (bits[p / 64] >> (p % 64)) & 1; }
+  bool DirtyFree(size_t p, Which which) const {
+    if (!Bit(dirty_, p) || Bit(used_, p)) return false;
+    return which == Which::kAll || Bit(untouched_, p) == (which == Which::kUntouched);
   }
+  // Resident pages (dirty, not untouched) of [first, first+n).
+  size_t CountResident(size_t first, size_t n) const;
+  // The first resident page in [p, end) (or the first page that is not); end if none.
+  size_t NextResident(size_t p, size_t end, bool resident) const;
 
   uint64_t* used_ = nullptr;   // handed to jemalloc
   uint64_t* dirty_ = nullptr;  // may hold non-zero bytes
   uint64_t* large_ = nullptr;  // last handed out in a large block
   uint64_t* fresh_ = nullptr;  // ... a fresh one
+  uint64_t* untouched_ = nullptr;  // free, dirty, most likely not resident
   size_t npages_ = 0;
   size_t used_pages_ = 0;
   size_t dirty_free_pages_ = 0;
+  size_t untouched_free_pages_ = 0;
 };
 
 template <typename Purge>
-size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages) {
+size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages, Which which) {
   size_t purged = 0;
-  for (size_t p = 0; p < npages_ && dirty_free_pages_ > 0 && purged < max_pages;) {
-    if (!DirtyFree(p)) {
+  auto left = [&] {
+    return (which != Which::kUntouched && dirty_free_pages_ > 0) ||
+           (which != Which::kResident && untouched_free_pages_ > 0);
+  };
+  for (size_t p = 0; p < npages_ && left() && purged < max_pages;) {
+    if (!DirtyFree(p, which)) {
       p++;
       continue;
     }
     size_t end = p + 1;
-    while (end < npages_ && end - p < max_pages - purged && DirtyFree(end)) end++;
+    while (end < npages_ && end - p < max_pages - purged && DirtyFree(end, which)) end++;
     if (purge(p, end - p)) {
+      size_t untouched = CountSet(untouched_, p, end - p);
       SetRange(dirty_, p, end - p, false);
-      dirty_free_pages_ -= end - p;
-      purged += end - p;
+      SetRange(untouched_, p, end - p, false);
+      untouched_free_pages_ -= untouched;
+      dirty_free_pages_ -= end - p - untouched;
+      purged += end - p - untouched;
     }
     p = end;
   }

@@ -80,20 +80,39 @@ class RegionStore {
   // False if none can be had.
   bool Carve(unsigned arena, unsigned access_class, void* new_addr, size_t size,
              size_t alignment, Extent* out);
-  // Pages come back; the last `purged_bytes` of them read as zero again. kEmpty: the region
+  // Pages come back; the last `purged_bytes` of them read as zero again, and
+  // those from `untouched_from` up to them are untouched (PageMap::
+  // GiveUntouched). kEmpty: the region
   // became empty and is out of the list and the map (its seq is even, lookups
   // fail); it belongs to the caller, who releases it. kKept: it became empty
   // and is kept for reuse (RDMALLOC_RETAIN), or because memory registrations
   // hold it.
   enum class Gave { kInUse, kKept, kEmpty };
-  Gave Give(Region* r, void* addr, size_t size, size_t purged_bytes);
+  Gave Give(Region* r, void* addr, size_t size, size_t purged_bytes = 0,
+            size_t untouched_from = SIZE_MAX);
   // The largest block the extent [addr, addr+size) of r, still handed out,
   // holds part of (a large block: a request of kLargeBlock or more).
   PageMap::Block HeldBlock(Region* r, const void* addr, size_t size);
-  // An extent holding a fresh large block, before Give (its pages still the
-  // caller's, so no Carve can advise them meanwhile): notes whether the
-  // program filled it, and takes its huge-page advice back.
-  void EndFreshLargeBlock(Region* r, void* addr, size_t size);
+  // An extent holding a large block (`held` is not kSmall), before Give (its
+  // pages still the caller's, so no Carve can advise them meanwhile): notes
+  // in its shard whether the program filled it (one mincore on its middle
+  // 1 MiB) and takes a fresh large block's huge-page advice back. Returns
+  // the bytes at its start worth keeping resident: all of it, but of a
+  // sparse one (less than a quarter of its middle resident), with
+  // `find_head`, its head: up to the last resident page of
+  // its first MiB, or while the MiBs after that are at least half resident,
+  // to the end of those (one mincore per MiB). The page map counts every page
+  // handed out as resident: a program that writes 64 KiB of each 16 MiB
+  // buffer, as one sized for its largest message, left 16 MiB counted as
+  // kept for 64 KiB resident, and purges forced by that count took the pages
+  // it does touch (sparse_blocks at 2 threads: 7.5 page faults per block).
+  size_t EndLargeBlock(Region* r, void* addr, size_t size, PageMap::Block held, bool find_head);
+  // Whether the shard's last freed large block was sparse: its next one
+  // will not fault in all its new pages either.
+  bool LargeBlocksSparse(const Region* r) const {
+    return shards_[r->shard].last_large_block.load(std::memory_order_relaxed) ==
+           LargeBlockUse::kSparse;
+  }
 
   // Holds of the program's memory registrations (Region::mr_holds). Hold
   // fails if r is no longer live. Drop returns kEmpty if r, empty and past
@@ -118,16 +137,18 @@ class RegionStore {
   uint64_t releases_held() const { return releases_held_.load(std::memory_order_relaxed); }
 
   // Transparent huge pages for large blocks (RDMALLOC_HUGEPAGES): regions
-  // are made MADV_NOHUGEPAGE; a carve of kLargeBlock or more with at least a
-  // huge page's worth of fresh pages (a *fresh large block*: its first touch
-  // faults them in) advises its whole 2 MiB pages MADV_HUGEPAGE, and
-  // EndFreshLargeBlock advises them back before the pages are free again.
-  // Only pages of one extent share a huge page, so the page map's count of
-  // resident free pages stays exact. Only while the shard's last freed fresh
-  // large block was mostly resident (mincore): a program that touches little
-  // of its large blocks (sort's 28 MiB buffer of which it fills 1 MiB) would
-  // otherwise hold 2 MiB per page touched. A large block of resident pages
-  // costs no system call: advice would not change its pages.
+  // are made MADV_NOHUGEPAGE; while the shard's last freed large block was
+  // mostly resident (EndLargeBlock), a carve of kLargeBlock or more with at
+  // least a huge page's worth of pages not resident (a *fresh large block*:
+  // its first touch faults them in) advises its whole 2 MiB pages
+  // MADV_HUGEPAGE, and EndLargeBlock advises them back before the pages are
+  // free again. Only pages of one extent share a huge page, so the page
+  // map's count of resident free pages stays exact. A program that touches
+  // little of its large blocks (sort's 28 MiB buffer of which it fills
+  // 1 MiB) would otherwise hold 2 MiB per page touched. Other large blocks
+  // cost no advice: for resident pages it would change nothing, and each
+  // madvise of a range's flags costs system calls (a loop over one
+  // untouched 16 MiB block took 8.5 us per block undoing advice it never got).
   void set_huge_pages(bool on) { huge_pages_ = on; }
 
   // Retention (RDMALLOC_RETAIN): free pages not purged, and empty regions
@@ -142,9 +163,11 @@ class RegionStore {
   }
   // Idle retention: the fewest pages kept at any moment of an epoch were
   // not reused during it. Once `epoch_ns` has passed since the epoch began,
-  // one caller gets that count back (0 for the others) to purge, and the
-  // next epoch begins.
-  uint64_t EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns);
+  // one caller gets true and that count in *idle_pages, to purge (the others
+  // false), and the next epoch begins.
+  bool EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns, uint64_t* idle_pages);
+  // True for one caller once `interval_ns` has passed since the last time.
+  bool SweepDue(uint64_t now_ns, uint64_t interval_ns);
   // A kept region of `shard` to release while retention is over its bound
   // (then out of list and map, as for kEmpty), or nullptr.
   Region* ShedKept(unsigned shard);
@@ -154,7 +177,9 @@ class RegionStore {
   // not registered. `seq` is r->seq as the caller found it live: if r was
   // released and made anew since, nothing is purged. At most about
   // max_bytes (whole pages, lowest first). Returns the bytes purged.
-  size_t PurgeFree(Region* r, uint64_t seq, size_t max_bytes = SIZE_MAX);
+  // `which`: resident pages (what retention counts), untouched ones, or both.
+  size_t PurgeFree(Region* r, uint64_t seq, size_t max_bytes = SIZE_MAX,
+                   PageMap::Which which = PageMap::Which::kResident);
   // Unmaps an empty region handed out by Give and recycles its descriptor.
   void Unmap(Region* r);
 
@@ -190,6 +215,7 @@ class RegionStore {
 
  private:
   Gave DropLast(Region* r);
+  enum class LargeBlockUse : uint8_t { kUnknown, kFilled, kPartial, kSparse };
   struct alignas(64) Shard {
     SpinLock<LockRank::kHeap> lock;
     Region* regions = nullptr;  // by address
@@ -198,7 +224,7 @@ class RegionStore {
     uint8_t doublings[kAccessClasses] = {};
     std::atomic<uint64_t> pages_in_use{0};
     std::atomic<int> hook_busy{0};
-    std::atomic<bool> filled_large_blocks{false};  // see set_huge_pages
+    std::atomic<LargeBlockUse> last_large_block{LargeBlockUse::kUnknown};  // EndLargeBlock
     std::atomic<uint64_t> lock_waits{0};
   };
 
@@ -210,8 +236,10 @@ class RegionStore {
   size_t TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty,
                          bool* fresh_large);
   void UnlistLocked(Shard& s, Region* r);
-  // What n pages handed out together are, new_pages of them not resident.
-  PageMap::Block BlockOf(size_t n, size_t new_pages) const;
+  // What n pages handed out together in shard s are, new_pages of them not
+  // resident: a fresh large block only while s's large blocks are filled
+  // (set_huge_pages), since only those are advised.
+  PageMap::Block BlockOf(const Shard& s, size_t n, size_t new_pages) const;
   // Fewer pages retained: the epoch's floor follows them down.
   void Unretain(uint64_t pages);
   void CountHeldLocked(Shard& s);
@@ -230,7 +258,7 @@ class RegionStore {
   size_t retain_ = 0;
   bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0};
-  std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0};
+  std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
   RegionMap map_;
   Shard shards_[kShards];
   SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
