@@ -63,9 +63,10 @@ size_t MiddleResident(const char* addr, size_t size, size_t* n) {
 // The head of a sparse block [addr, addr+size) that its program wrote: up
 // to the last resident page of its first MiB, or while the MiBs after it
 // are at least half resident, up to the last of those (one mincore per
-// MiB). Pages beyond may be resident too, kept by earlier blocks there: let
-// go. Not a scan of every page: mincore costs about 4 ns per page, 20 us per
-// freed 20 MiB block on this PVM guest, more than the faults it saved.
+// MiB). Pages beyond may be resident too (left by earlier blocks there, or
+// a byte written far off): they come back untouched, for the sweep. Not a
+// scan of every page: mincore costs about 4 ns per page, 20 us per freed
+// 20 MiB block on this PVM guest, more than the faults it saved.
 size_t ResidentHead(const char* addr, size_t size) {
   constexpr size_t kStep = kWindowPages << kPageShift;
   size_t end = 0;
