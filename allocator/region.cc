@@ -28,9 +28,32 @@ inline uint64_t Bits(size_t b, size_t e) {
   return high & (~uint64_t{0} << b);
 }
 
+// The set bits for pages [first, first+n) of a bitmap whose i-th word is
+// word(i). Inlined into each popcnt clone of its callers.
+template <typename Word>
+__attribute__((always_inline)) inline size_t CountBits(size_t first, size_t n, Word word) {
+  if (n == 0) return 0;
+  size_t end = first + n, w = first / 64, last = (end - 1) / 64;
+  if (w == last) return static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, end - w * 64)));
+  size_t count = static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, 64)));
+  for (size_t i = w + 1; i < last; i++) count += static_cast<size_t>(__builtin_popcountll(word(i)));
+  return count + static_cast<size_t>(__builtin_popcountll(word(last) & Bits(0, end - last * 64)));
+}
+
+// The first page in [p, end) whose bit is set in word(i); end if none.
+template <typename Word>
+inline size_t NextBit(size_t p, size_t end, Word word) {
+  while (p < end) {
+    uint64_t w = word(p / 64) & (~uint64_t{0} << (p % 64));
+    if (w != 0) return std::min(end, p / 64 * 64 + static_cast<size_t>(__builtin_ctzll(w)));
+    p = (p / 64 + 1) * 64;
+  }
+  return end;
+}
+
 }  // namespace
 
-// Two builds of CountSet, picked once at load time (an ifunc): without
+// Two builds of CountSet and CountResident, picked once at load time (an ifunc): without
 // -mpopcnt the builtin is a libgcc call. Not under ThreadSanitizer, whose
 // runtime is not up yet when the loader runs ifunc resolvers.
 #if defined(__SANITIZE_THREAD__)
@@ -48,34 +71,17 @@ inline uint64_t Bits(size_t b, size_t e) {
 // on every alloc and free.
 RDMALLOC_POPCNT_CLONES
 size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
-  if (n == 0) return 0;
-  size_t end = first + n, w = first / 64, last = (end - 1) / 64;
-  if (w == last) return static_cast<size_t>(__builtin_popcountll(bits[w] & Bits(first % 64, end - w * 64)));
-  size_t count = static_cast<size_t>(__builtin_popcountll(bits[w] & Bits(first % 64, 64)));
-  for (size_t i = w + 1; i < last; i++) count += static_cast<size_t>(__builtin_popcountll(bits[i]));
-  return count + static_cast<size_t>(__builtin_popcountll(bits[last] & Bits(0, end - last * 64)));
+  return CountBits(first, n, [bits](size_t i) { return bits[i]; });
 }
 
 RDMALLOC_POPCNT_CLONES
 size_t PageMap::CountResident(size_t first, size_t n) const {
-  if (n == 0) return 0;
-  size_t end = first + n, w = first / 64, last = (end - 1) / 64;
-  auto word = [&](size_t i) { return dirty_[i] & ~untouched_[i]; };
-  if (w == last) return static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, end - w * 64)));
-  size_t count = static_cast<size_t>(__builtin_popcountll(word(w) & Bits(first % 64, 64)));
-  for (size_t i = w + 1; i < last; i++) count += static_cast<size_t>(__builtin_popcountll(word(i)));
-  return count + static_cast<size_t>(__builtin_popcountll(word(last) & Bits(0, end - last * 64)));
+  return CountBits(first, n, [this](size_t i) { return dirty_[i] & ~untouched_[i]; });
 }
 
 size_t PageMap::NextResident(size_t p, size_t end, bool resident) const {
-  while (p < end) {
-    uint64_t w = dirty_[p / 64] & ~untouched_[p / 64];
-    if (!resident) w = ~w;
-    w &= ~uint64_t{0} << (p % 64);
-    if (w != 0) return std::min(end, p / 64 * 64 + static_cast<size_t>(__builtin_ctzll(w)));
-    p = (p / 64 + 1) * 64;
-  }
-  return end;
+  uint64_t flip = resident ? 0 : ~uint64_t{0};
+  return NextBit(p, end, [this, flip](size_t i) { return (dirty_[i] & ~untouched_[i]) ^ flip; });
 }
 
 bool PageMap::AnySet(const uint64_t* bits, size_t first, size_t n) const {
@@ -103,16 +109,8 @@ void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {
 }
 
 size_t PageMap::NextWithUsed(size_t p, bool used) const {
-  while (p < npages_) {
-    uint64_t w = used ? used_[p / 64] : ~used_[p / 64];
-    w &= ~uint64_t{0} << (p % 64);
-    if (w != 0) {
-      size_t q = p / 64 * 64 + static_cast<size_t>(__builtin_ctzll(w));
-      return q < npages_ ? q : npages_;
-    }
-    p = (p / 64 + 1) * 64;
-  }
-  return npages_;
+  uint64_t flip = used ? 0 : ~uint64_t{0};
+  return NextBit(p, npages_, [this, flip](size_t i) { return used_[i] ^ flip; });
 }
 
 size_t PageMap::FindFree(size_t n, size_t align, size_t skew, size_t* resident,
