@@ -306,7 +306,9 @@ PageMap::Block RegionStore::BlockOf(const Shard& s, size_t n, size_t new_pages) 
 size_t RegionStore::TakePagesLocked(Shard& s, Region* r, size_t first, size_t n, bool* dirty,
                                     bool* fresh_large) {
   size_t dirty_pages = 0;
+  size_t untouched = r->pages.untouched_free_pages();
   size_t resident_pages = r->pages.Take(first, n, &dirty_pages);
+  untouched_pages_.fetch_sub(untouched - r->pages.untouched_free_pages(), std::memory_order_relaxed);
   size_t resident = r->registrations.load(std::memory_order_relaxed) > 0 ? n : resident_pages;
   PageMap::Block block = BlockOf(s, n, n - resident);
   r->pages.MarkBlock(first, n, block);
@@ -339,6 +341,7 @@ void RegionStore::UnlistLocked(Shard& s, Region* r) {
   map_.Clear(r->begin(), r->length());
   r->seq.fetch_add(1);  // even: lookups that raced with us now fail
   Unretain(r->pages.dirty_free_pages());
+  untouched_pages_.fetch_sub(r->pages.untouched_free_pages(), std::memory_order_relaxed);
   r->kept.store(false, std::memory_order_relaxed);
 }
 
@@ -358,7 +361,10 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t p
   Shard& s = shards_[r->shard];
   LockShard(s);
   if (kept > 0) r->pages.Give(first, kept, false);
-  if (n - purged > kept) r->pages.GiveUntouched(first + kept, n - purged - kept);
+  if (n - purged > kept) {
+    r->pages.GiveUntouched(first + kept, n - purged - kept);
+    untouched_pages_.fetch_add(n - purged - kept, std::memory_order_relaxed);
+  }
   if (purged > 0) r->pages.Give(first + n - purged, purged, true);
   retained_pages_.fetch_add(kept, std::memory_order_relaxed);
   s.pages_in_use.fetch_sub(n, std::memory_order_relaxed);
@@ -463,6 +469,7 @@ size_t RegionStore::PurgeFree(Region* r, uint64_t seq, size_t max_bytes, PageMap
   // The same life of the descriptor, so also the shard just locked.
   if (r->seq.load() != seq || !(seq & 1) || r->mr_holds.load() > 0) return 0;
   size_t max_pages = max_bytes == SIZE_MAX ? SIZE_MAX : (max_bytes + kPageSize - 1) >> kPageShift;
+  size_t untouched = r->pages.untouched_free_pages();
   size_t purged = r->pages.PurgeDirtyFree(
       [r](size_t first, size_t n) {
         return madvise(reinterpret_cast<void*>(r->begin() + (first << kPageShift)),
@@ -470,6 +477,7 @@ size_t RegionStore::PurgeFree(Region* r, uint64_t seq, size_t max_bytes, PageMap
       },
       max_pages, which);
   Unretain(purged);
+  untouched_pages_.fetch_sub(untouched - r->pages.untouched_free_pages(), std::memory_order_relaxed);
   return purged << kPageShift;
 }
 

@@ -168,6 +168,11 @@ class RegionStore {
   bool EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns, uint64_t* idle_pages);
   // True for one caller once `interval_ns` has passed since the last time.
   bool SweepDue(uint64_t now_ns, uint64_t interval_ns);
+  // Free untouched pages (PageMap::GiveUntouched) over all regions: while
+  // none exist, a sweep need not visit every region.
+  uint64_t untouched_bytes() const {
+    return untouched_pages_.load(std::memory_order_relaxed) << kPageShift;
+  }
   // A kept region of `shard` to release while retention is over its bound
   // (then out of list and map, as for kEmpty), or nullptr.
   Region* ShedKept(unsigned shard);
@@ -257,7 +262,7 @@ class RegionStore {
   size_t region_size_ = 0;
   size_t retain_ = 0;
   bool huge_pages_ = false;
-  std::atomic<uint64_t> retained_pages_{0};
+  std::atomic<uint64_t> retained_pages_{0}, untouched_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
   RegionMap map_;
   Shard shards_[kShards];

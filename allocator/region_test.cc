@@ -635,7 +635,7 @@ TEST(RegionStoreTest, ASparseLargeBlockKeepsItsHeadAndTheNextOneStartsThere) {
   static_cast<char*>(low.addr)[0] = 1;  // a head of one page
   Region* r = sparse.region;
 
-  uint64_t retained = g_store.retained_bytes();
+  uint64_t retained = g_store.retained_bytes(), untouched = g_store.untouched_bytes();
   PageMap::Block held = g_store.HeldBlock(r, sparse.addr, 16 * kMiB);
   ASSERT_NE(held, PageMap::Block::kSmall);
   size_t head = g_store.EndLargeBlock(r, sparse.addr, 16 * kMiB, held, /*find_head=*/true);
@@ -643,6 +643,7 @@ TEST(RegionStoreTest, ASparseLargeBlockKeepsItsHeadAndTheNextOneStartsThere) {
   EXPECT_TRUE(g_store.LargeBlocksSparse(r));
   g_store.Give(r, sparse.addr, 16 * kMiB, 0, head);
   EXPECT_EQ(g_store.retained_bytes(), retained + (64 << 10)) << "only the head counts as kept";
+  EXPECT_EQ(g_store.untouched_bytes(), untouched + 16 * kMiB - (64 << 10));
   held = g_store.HeldBlock(r, low.addr, 30 * kMiB);
   head = g_store.EndLargeBlock(r, low.addr, 30 * kMiB, held, true);
   EXPECT_EQ(head, 4096u);
@@ -660,8 +661,11 @@ TEST(RegionStoreTest, ASparseLargeBlockKeepsItsHeadAndTheNextOneStartsThere) {
   // Untouched pages are purged on their own (Heap's sweep): then they read
   // as zero, and nothing kept was purged.
   retained = g_store.retained_bytes();
+  EXPECT_EQ(g_store.untouched_bytes(), untouched + 46 * kMiB - (64 << 10) - 4096 - 12 * kMiB + (64 << 10))
+      << "the next block took untouched pages";
   EXPECT_EQ(g_store.PurgeFree(r, r->seq.load(), SIZE_MAX, PageMap::Which::kUntouched), 0u);
   EXPECT_EQ(g_store.retained_bytes(), retained);
+  EXPECT_EQ(g_store.untouched_bytes(), untouched);
   RegionStore::Extent rest;
   void* rest_addr = static_cast<char*>(sparse.addr) + 12 * kMiB;
   ASSERT_TRUE(g_store.Carve(arena, 0, rest_addr, 4 * kMiB, 4096, &rest));
