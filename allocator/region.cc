@@ -178,6 +178,15 @@ void PageMap::Give(size_t first, size_t n, bool purged) {
   used_pages_ -= n;
 }
 
+size_t PageMap::Purged(size_t first, size_t n) {
+  size_t untouched = CountSet(untouched_, first, n);
+  SetRange(dirty_, first, n, false);
+  SetRange(untouched_, first, n, false);
+  untouched_free_pages_ -= untouched;
+  dirty_free_pages_ -= n - untouched;
+  return n - untouched;
+}
+
 void PageMap::GiveUntouched(size_t first, size_t n) {
   SetRange(used_, first, n, false);
   SetRange(untouched_, first, n, true);  // and dirty, as every used page

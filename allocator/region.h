@@ -119,6 +119,11 @@ class PageMap {
   }
   // Resident pages (dirty, not untouched) of [first, first+n).
   size_t CountResident(size_t first, size_t n) const;
+  // Free dirty pages [first, first+n) were purged: they read as zero again.
+  // Returns how many of them were resident. Out of line: CountSet's clones
+  // (an ifunc) are only named in region.cc, and clang links no call from
+  // another file to them.
+  size_t Purged(size_t first, size_t n);
   // The first resident page in [p, end) (or the first page that is not); end if none.
   size_t NextResident(size_t p, size_t end, bool resident) const;
 
@@ -147,14 +152,7 @@ size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages, Which which) {
     }
     size_t end = p + 1;
     while (end < npages_ && end - p < max_pages - purged && DirtyFree(end, which)) end++;
-    if (purge(p, end - p)) {
-      size_t untouched = CountSet(untouched_, p, end - p);
-      SetRange(dirty_, p, end - p, false);
-      SetRange(untouched_, p, end - p, false);
-      untouched_free_pages_ -= untouched;
-      dirty_free_pages_ -= end - p - untouched;
-      purged += end - p - untouched;
-    }
+    if (purge(p, end - p)) purged += Purged(p, end - p);
     p = end;
   }
   return purged;
