@@ -59,23 +59,21 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
 // gives them back (RDMALLOC_DECAY_MS, else MALLOC_CONF's dirty_decay_ms).
 std::atomic<bool> g_jemalloc_decays{true};
 
-// An extent under kLargeReturnedAtOnce comes back only when jemalloc's decay
-// lets it go, or a purge or an arena's end asks for it: cold. A larger one
-// comes back as soon as it is freed. Warm if it holds a large block (the next
-// one reuses its pages); cold if it is only smaller blocks (MergeLarge keeps
-// jemalloc from coalescing those that far, but an arena's end gives back
-// anything), which stock jemalloc purges at once (kept, they raised mstress's
-// peak RSS to 1.09x jemalloc's). With no decay time every freed extent comes
-// back at once: warm.
-Heap::Freed HowFreed(PageMap::Block held, size_t size) {
+// An extent of smaller blocks only comes back when jemalloc's decay lets it
+// go, past kLargeReturnedAtOnce (MergeLarge keeps jemalloc from coalescing
+// them that far, but an arena's end gives back anything), or when a purge
+// asks for it: cold, as stock jemalloc purges it (kept, they raised mstress's
+// peak RSS to 1.09x jemalloc's). An extent that holds a large block comes
+// back as soon as that block is freed: warm, the next one reuses its pages.
+// With no decay time every freed extent comes back at once: warm.
+Heap::Freed HowFreed(PageMap::Block held) {
   if (!g_jemalloc_decays.load(std::memory_order_relaxed)) return Heap::Freed::kWarm;
-  if (size < kLargeReturnedAtOnce) return Heap::Freed::kCold;
   return held != PageMap::Block::kSmall ? Heap::Freed::kWarm : Heap::Freed::kCold;
 }
 
 void Free(Region* r, void* addr, size_t size, unsigned arena_ind) {
   PageMap::Block held = TheHeap().HeldBlock(r, addr, size);
-  Heap::Freed how = HowFreed(held, size);
+  Heap::Freed how = HowFreed(held);
   Log(3, "extent freed: %zu bytes, arena %u (%s)", size, arena_ind,
       how == Heap::Freed::kCold ? "cold" : "warm");
   TheHeap().FreeExtent(r, addr, size, how, held);
@@ -278,6 +276,13 @@ const char* malloc_conf_2_conf_harder = "retain:false,oversize_threshold:0";
 // 8 MiB or more then met in arena 0 and its shard.
 extern const size_t rdmj_return_at_once __attribute__((visibility("hidden")));
 const size_t rdmj_return_at_once = rdmalloc::kLargeReturnedAtOnce;
+// A freed block this large goes back at once whatever it coalesced with
+// (jemalloc's extent_record, patched). Kept in jemalloc's dirty cache, a
+// block of which the program wrote only the head held its untouched pages for
+// the decay time, and the heads of earlier blocks stayed resident across the
+// cache: a loop over such 1-32 MiB blocks peaked at 2.3x jemalloc's RSS.
+extern const size_t rdmj_large_block_returned __attribute__((visibility("hidden")));
+const size_t rdmj_large_block_returned = rdmalloc::kLargeBlock;
 // MALLOC_CONF's dirty_decay_ms, once jemalloc has booted.
 extern __attribute__((visibility("hidden"))) ssize_t je_opt_dirty_decay_ms;
 }

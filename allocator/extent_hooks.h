@@ -16,9 +16,11 @@ void InstallExtentHooks();
 // them back through the hooks, for every arena now and to come.
 void SetDirtyDecay(long ms);
 
-// A freed block this large goes back to rdmalloc's heap at once, in every
-// arena, as in stock jemalloc; smaller ones wait in jemalloc's dirty cache
-// for their decay time, and the heap does not keep their pages again.
+// A freed extent this large, coalesced with its free neighbours, goes back to
+// rdmalloc's heap at once, in every arena, as in stock jemalloc; so does a
+// freed large block (kLargeBlock or more, third_party/jemalloc_rdmalloc.patch:
+// extent_record). Smaller ones wait in jemalloc's dirty cache for their decay
+// time, and the heap does not keep their pages again.
 constexpr size_t kLargeReturnedAtOnce = size_t{8} << 20;
 // Whether jemalloc has a decay time (`decay_ms`: RDMALLOC_DECAY_MS or
 // kDecayUnset, then MALLOC_CONF's): without one every freed extent comes
