@@ -396,8 +396,9 @@ TEST(AccessClass, MetadataNeverLivesInTheHeap) {
   }
   for (const std::string& line : DumpLines()) {
     EXPECT_EQ(line.find("metadata"), std::string::npos) << line;
-    if (getenv("TEST_RERUN_CHILD") != nullptr)
+    if (getenv("TEST_RERUN_CHILD") != nullptr) {
       EXPECT_NE(line.find("domain 0"), std::string::npos) << "eager: " << line;
+    }
   }
   for (unsigned ind : made) {
     char name[64];

@@ -295,8 +295,9 @@ TEST_F(Interpose, ReregMovesAServedMrWhereItMustGo) {
 
 // An MR on memory the program freed keeps its region: freed, decayed, trimmed,
 // and still mapped (and registered) until the MR goes.
-void ExpectHeldUntilDereg(ibv_mr* mr, void* p, size_t len) {
-  free(p);
+void ExpectHeldUntilDereg(ibv_mr* mr, void* block, size_t len) {
+  const char* p = AddressOnly(block);  // whether rdmalloc still owns it
+  free(block);
   for (int i = 0; i < 3; i++) {
     ForceDecay();
     malloc_trim(0);

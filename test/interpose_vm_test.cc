@@ -192,11 +192,12 @@ int Run(bool expect_served, int cycles, bool after_free, int listen_port) {
     FillWords(x, 0, n, 7000);
     ibv_mr* mr = ibv_reg_mr(l.pd, x, n, kAccess);
     CHECK(mr != nullptr, "ibv_reg_mr of the buffer to free");
-    free(x);
     // Touching freed memory is the point here: the MR still holds its pages.
-    // Hidden from the compiler, which would rightly call it a use after free
-    // and may assume it never happens.
+    // Through an address the compiler cannot trace to the block, or it would
+    // rightly call it a use after free and may assume it never happens.
+    char* block = x;
     asm volatile("" : "+r"(x));
+    free(block);
     for (int i = 0; i < 200; i++) {
       void* junk[8];
       for (auto& j : junk) j = malloc((i % 7 + 1) * kMiB);

@@ -174,14 +174,14 @@ TEST(OnRelease, FreedPagesAreNotPurgedWhileObserversExist) {
   std::vector<void*> keep;
   void* mem = nullptr;
   ASSERT_EQ(posix_memalign(&mem, 4096, size_t{8} << 20), 0);  // mincore wants pages
-  char* big = static_cast<char*>(mem);
+  char* big = rdmalloc_test::AddressOnly(mem);  // its pages' residency after the free
   keep.push_back(malloc(64 << 10));
   memset(big, 3, size_t{8} << 20);
   asm volatile("" : : "r"(big) : "memory");  // the stores must happen
   rdmalloc_keys k;
   // The region is never registered by rdmalloc (no lookup of it): exactly
   // the case where rdmalloc would purge.
-  free(big);
+  free(mem);
   ForceDecay();
   const size_t page = 4096;
   std::vector<unsigned char> vec((size_t{8} << 20) / page);
