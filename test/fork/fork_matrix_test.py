@@ -205,7 +205,7 @@ def run_control(control, args, libs):
     return fault, cell, cell.status == status and reason in cell.detail
 
 
-def run_cell(cell, args, profile, libs, logdir):
+def run_cell(cell, args, profile, libs, logdir, extra=()):
     forks, budget = profile.plan(cell.bg, cell.workload, cell.child)
     forks = max(1, int(forks * args.scale))
     budget *= args.scale
@@ -222,6 +222,7 @@ def run_cell(cell, args, profile, libs, logdir):
         f"--max-seconds={budget}",
         f"--deadline={budget + 4 * profile.fork_timeout + profile.child_timeout}",
     ]
+    cmd += extra
     if profile.env.get("RDMALLOC_BACKEND") and cell.allocator == "rdmalloc":
         cmd.append(f"--expect-backend={profile.env['RDMALLOC_BACKEND']}")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
@@ -246,7 +247,7 @@ def run_cell(cell, args, profile, libs, logdir):
     return cell
 
 
-def run_cell_checked(cell, args, profile, libs, logdir):
+def run_cell_checked(cell, args, profile, libs, logdir, first_extra=()):
     """run_cell, and once more for a stock jemalloc cell that is not ok.
 
     The jemalloc column is the baseline that shows the harness sane; it is not
@@ -254,7 +255,7 @@ def run_cell_checked(cell, args, profile, libs, logdir):
     background threads (seen once in many runs: bg=on arena exec, the exec'd
     child stuck with jemalloc_bg_thd threads on futexes), so one such hang
     is retried and reported, not counted. An rdmalloc cell is never retried."""
-    run_cell(cell, args, profile, libs, logdir)
+    run_cell(cell, args, profile, libs, logdir, first_extra)
     if cell.allocator != "jemalloc" or cell.status in ("ok", "n/a"):
         return cell
     first = Cell(cell.bg, cell.workload, cell.child, cell.allocator)
@@ -269,6 +270,18 @@ def run_cell_checked(cell, args, profile, libs, logdir):
     if cell.status == "ok":
         cell.text += " (2nd try)"
     return cell
+
+
+def run_retry_control(args, profile, libs):
+    """The retry's own control: a stock jemalloc cell whose first try hangs
+    (fork-hang put in at fork 3) passes on its second, its first try kept."""
+    cell = Cell("off", "plain", "allocate", "jemalloc")
+    run_cell_checked(cell, args, profile, libs, None, ["--inject=fork-hang"])
+    first = cell.first_try
+    caught = cell.status == "ok" and first is not None and first.status == "HANG"
+    if first is not None and not caught:
+        cell.detail = f"first try {first.text}, second {cell.text}: {cell.detail}"
+    return "retry", cell, caught
 
 
 def cell_text(c):
@@ -318,8 +331,10 @@ def main():
     t0 = time.monotonic()
     missed = []
     if profile.name == "host":
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(CONTROLS)) as pool:
-            for fault, c, caught in pool.map(lambda k: run_control(k, args, libs), CONTROLS):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(CONTROLS) + 1) as pool:
+            jobs = [pool.submit(run_control, k, args, libs) for k in CONTROLS]
+            jobs.append(pool.submit(run_retry_control, args, profile, libs))
+            for fault, c, caught in (j.result() for j in jobs):
                 print(f"  negative control {fault}: {c.text}: "
                       f"{'caught' if caught else 'MISSED: ' + c.detail}", flush=True)
                 if not caught:
