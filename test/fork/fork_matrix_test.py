@@ -261,9 +261,9 @@ def run_cell_checked(cell, args, profile, libs, logdir, first_extra=()):
     first = Cell(cell.bg, cell.workload, cell.child, cell.allocator)
     for k in ("status", "text", "detail", "output", "seconds", "log"):
         setattr(first, k, getattr(cell, k))
-    if first.log:
-        os.replace(first.log, first.log[:-len(".log")] + ".first.log")
-        first.log = first.log[:-len(".log")] + ".first.log"
+    if cell.log:
+        first.log = cell.log[:-len(".log")] + ".first.log"
+        os.replace(cell.log, first.log)
     print(f"  {cell.name}: {cell_text(first)}: stock jemalloc, retried once", flush=True)
     run_cell(cell, args, profile, libs, logdir)
     cell.first_try = first
