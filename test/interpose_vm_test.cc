@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "test/address_only.h"
 #include "test/proc_status.h"
 #include "test/vm/rc_peer.h"
 
@@ -193,10 +194,8 @@ int Run(bool expect_served, int cycles, bool after_free, int listen_port) {
     ibv_mr* mr = ibv_reg_mr(l.pd, x, n, kAccess);
     CHECK(mr != nullptr, "ibv_reg_mr of the buffer to free");
     // Touching freed memory is the point here: the MR still holds its pages.
-    // Through an address the compiler cannot trace to the block, or it would
-    // rightly call it a use after free and may assume it never happens.
     char* block = x;
-    asm volatile("" : "+r"(x));
+    x = rdmalloc_test::AddressOnly(block);
     free(block);
     for (int i = 0; i < 200; i++) {
       void* junk[8];

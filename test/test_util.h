@@ -23,20 +23,11 @@
 extern char** environ;
 
 #include "allocator/rdmalloc.h"
+#include "test/address_only.h"
 #include "test/pattern.h"
 #include "test/proc_status.h"
 
 namespace rdmalloc_test {
-
-// The address of a block, for checks that look at its pages after it is
-// freed (residency, ownership, an MR still on them). Opaque to the compiler,
-// which would rightly call any use of the freed block's own pointer a use
-// after free, and may assume none happens.
-inline char* AddressOnly(const void* block) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(block);
-  asm volatile("" : "+r"(a));
-  return reinterpret_cast<char*>(a);
-}
 
 // Pinned memory of this process (kB).
 inline long VmPinKb() { return StatusKb("VmPin"); }
