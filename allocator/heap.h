@@ -231,13 +231,17 @@ class Heap {
   void InstallForkHandlers();
   void ForkChild();
 
+  // The heap lives in .bss, so each page of it a program touches costs a
+  // page fault (12-16 us here): the rooms a program's start writes come
+  // first, together, and the region store's tables last (a malloc(100)
+  // program faulted 10 pages more than under stock jemalloc, 4 of them here).
   ConfigSlot config_;
-  RegionStore store_;
   Registrations regs_;
   ReleasePipeline release_;
-  Stripe stripes_[kStripes];
   std::atomic<uint64_t> lookup_reg_failed_{0}, lookup_slow_{0}, foreign_extents_{0};
   std::atomic<int64_t> forwarded_on_heap_{0};
+  RegionStore store_;
+  Stripe stripes_[kStripes];
 };
 
 // Each thread bumps its own stripe of the lookup counter: no shared cache

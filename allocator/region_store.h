@@ -264,7 +264,9 @@ class RegionStore {
   bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0}, untouched_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
-  RegionMap map_;
+  // The small state first and the large tables last: what a program's first
+  // malloc writes (the scalars, its shard, the pool's head, the first
+  // descriptor) then lies on two pages, each one page fault (Heap says more).
   Shard shards_[kShards];
   SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
@@ -272,6 +274,7 @@ class RegionStore {
   std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0},
       releases_held_{0};
   Region pool_[kMaxRegions];
+  RegionMap map_;
 };
 
 }  // namespace rdmalloc
