@@ -8,6 +8,7 @@
 #include "allocator/fork.h"
 #include "allocator/jemalloc_api.h"
 #include "allocator/spin_lock.h"
+#include "allocator/startup_data.h"
 
 namespace rdmalloc {
 namespace {
@@ -22,18 +23,19 @@ struct Mib {
   size_t len = 0;
   bool per_arena = false;
 };
-Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset, g_purge, g_decay;
-void (*g_give_back)() = nullptr;
+RDMALLOC_STARTUP_DATA Mib g_create, g_create_ext, g_hooks_of, g_destroy, g_reset, g_purge,
+    g_decay;
+RDMALLOC_STARTUP_DATA void (*g_give_back)() = nullptr;
 constexpr size_t kArenaIndex = 1;  // arena.<i>.leaf
 
-extent_hooks_t* g_ours = nullptr;
-unsigned g_automatic_arenas = 0;  // opt.narenas: arenas 0..n-1
-extent_hooks_t* g_defaults = nullptr;
+RDMALLOC_STARTUP_DATA extent_hooks_t* g_ours = nullptr;
+RDMALLOC_STARTUP_DATA unsigned g_automatic_arenas = 0;  // opt.narenas: arenas 0..n-1
+RDMALLOC_STARTUP_DATA extent_hooks_t* g_defaults = nullptr;
 std::atomic<bool> g_internal[kMaxArenas];
 
 // Check, then act, as one step: no arena can be destroyed and made anew
 // between the guard's look at its hooks and the write.
-SpinLock<LockRank::kControl> g_control_lock;
+RDMALLOC_STARTUP_DATA SpinLock<LockRank::kControl> g_control_lock;
 
 void ForkPrepare() { g_control_lock.Lock(); }
 void ForkParent() { g_control_lock.Unlock(); }

@@ -13,21 +13,24 @@
 #include "allocator/jemalloc_api.h"
 #include "allocator/lock_order.h"
 #include "allocator/spin_lock.h"
+#include "allocator/startup_data.h"
 
 namespace rdmalloc {
 
-std::atomic<bool> g_classes_in_use{false};
+RDMALLOC_STARTUP_DATA std::atomic<bool> g_classes_in_use{false};
 
 namespace {
 
 // MALLOCX_ARENA encodes up to 4095 arenas.
 constexpr unsigned kMaxArenas = 4096;
 std::atomic<uint8_t> g_arena_class[kMaxArenas];
-std::atomic<unsigned> g_class_arena[kAccessClasses];
-SpinLock<LockRank::kClassArenas> g_class_lock;
+RDMALLOC_STARTUP_DATA std::atomic<unsigned> g_class_arena[kAccessClasses];
+RDMALLOC_STARTUP_DATA SpinLock<LockRank::kClassArenas> g_class_lock;
 
+// Until a class arena exists (ClassArena sets its entry first), every arena
+// is the plain heap's, and the table's page is never touched.
 unsigned ClassOfArena(unsigned arena_ind) {
-  if (arena_ind >= kMaxArenas) return 0;
+  if (!g_classes_in_use.load(std::memory_order_acquire) || arena_ind >= kMaxArenas) return 0;
   return g_arena_class[arena_ind].load(std::memory_order_acquire);
 }
 

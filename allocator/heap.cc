@@ -17,7 +17,10 @@ namespace rdmalloc {
 #if defined(__clang__)
 __attribute__((require_constant_initialization))
 #endif
-Heap g_heap;
+// On a page boundary, so that the state a program's start writes lies on
+// two pages (heap.h orders the members for it); at whatever offset the
+// linker put it, it took three.
+alignas(kPageSize) Heap g_heap;
 
 namespace {
 std::atomic<unsigned> g_next_stripe{0};

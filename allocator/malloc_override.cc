@@ -33,13 +33,14 @@
 #include "allocator/heap.h"
 #include "allocator/init.h"
 #include "allocator/jemalloc_api.h"
+#include "allocator/startup_data.h"
 
 extern char** environ;
 
 namespace rdmalloc {
 namespace {
 
-pthread_t g_init_thread;
+RDMALLOC_STARTUP_DATA pthread_t g_init_thread;
 
 void WarnLine(const char* line) {
   char buf[700];
@@ -74,7 +75,7 @@ void Initialise() {
 
 }  // namespace
 
-std::atomic<int> g_init_state{kUninitialised};
+RDMALLOC_STARTUP_DATA std::atomic<int> g_init_state{kUninitialised};
 
 namespace {
 

@@ -266,7 +266,7 @@ class RegionStore {
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
   // The small state first and the large tables last: what a program's first
   // malloc writes (the scalars, its shard, the pool's head, the first
-  // descriptor) then lies on two pages, each one page fault (Heap says more).
+  // descriptor) lies next to the heap's own (Heap says why).
   Shard shards_[kShards];
   SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;

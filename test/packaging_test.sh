@@ -1,7 +1,7 @@
 #!/bin/bash
-# librdmalloc.so: SONAME, exactly the intended exports, and little initialised
-# data. (librdmalloc.a inside
-# another shared library: //examples/embed:embed_test.)
+# librdmalloc.so: SONAME, exactly the intended exports, little initialised
+# data, and start-up state on few pages. (librdmalloc.a inside another
+# shared library: //examples/embed:embed_test.)
 set -u
 so="$1"
 failures=0
@@ -37,6 +37,19 @@ largest_bytes=$((16#${largest%% *}))
 heap_type=$(nm -C "$so" | awk '$3 == "rdmalloc::g_heap" {print $2}')
 [ "$heap_type" == "b" ] || [ "$heap_type" == "B" ] ||
   fail "rdmalloc::g_heap is not zero-initialised data (.bss): nm type '${heap_type:-none}'"
+
+# What every program's start touches takes as few pages as it can, each a
+# page fault (allocator/startup_data.h, heap.h): the small state sits in
+# .data, whose page the loader has written already, and the heap starts on a
+# page of its own, its start-up state on two.
+for sym in rdmj_init_state rdmj_classes_in_use; do
+  t=$(nm "$so" | awk -v s="$sym" '$3 == s {print $2}')
+  [ "$t" == "d" ] || [ "$t" == "D" ] ||
+    fail "$sym is not in .data (nm type '${t:-none}'): see allocator/startup_data.h"
+done
+heap_addr=$(nm -C "$so" | awk '$3 == "rdmalloc::g_heap" {print $1}')
+[ -n "$heap_addr" ] && [ $((16#$heap_addr % 4096)) -eq 0 ] ||
+  fail "rdmalloc::g_heap is not page-aligned (at 0x${heap_addr:-none})"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
