@@ -14,13 +14,14 @@ namespace rdmalloc {
 // a dynamic initialiser would wipe the regions made by earlier allocations.
 // gcc evaluates it; clang gives up at its default constexpr step limit
 // (raise it with -fconstexpr-steps=16777216) and must not silently fall back.
+// On a page boundary, so that the state a program's start writes lies on
+// two pages (heap.h orders the members for it); at whatever offset the
+// linker put it, it took three. (clang wants alignas before the attribute.)
+alignas(kPageSize)
 #if defined(__clang__)
 __attribute__((require_constant_initialization))
 #endif
-// On a page boundary, so that the state a program's start writes lies on
-// two pages (heap.h orders the members for it); at whatever offset the
-// linker put it, it took three.
-alignas(kPageSize) Heap g_heap;
+Heap g_heap;
 
 namespace {
 std::atomic<unsigned> g_next_stripe{0};
