@@ -4,12 +4,13 @@
 
 #include <atomic>
 
+#include "allocator/startup_data.h"
 
 namespace rdmalloc {
 namespace {
 
 constexpr int kRanks = static_cast<int>(LockRank::kCount);
-ForkHandlers g_handlers[kRanks];
+RDMALLOC_STARTUP_DATA ForkHandlers g_handlers[kRanks];  // set at every start
 
 void Prepare() {
   for (int r = 0; r < kRanks; r++) {
@@ -38,7 +39,7 @@ void Child() {
 }
 
 void Register() {
-  static std::atomic<bool> registered{false};
+  RDMALLOC_STARTUP_DATA static std::atomic<bool> registered{false};
   if (!registered.exchange(true)) pthread_atfork(Prepare, Parent, Child);
 }
 

@@ -43,7 +43,7 @@ void Heap::Configure(const Config& config) {
   store_.set_region_size(config.region_size);
   store_.set_retain(config.retain);
   store_.set_huge_pages(config.huge_pages != 0);
-  regs_.Configure(config);
+  regs_.Configure(config_.get());
   regs_.set_opened([](void* heap) { static_cast<Heap*>(heap)->RegisterAllLive(0); }, this);
   release_.set_finish(FinishQueued, this);
 }

@@ -85,7 +85,7 @@ class Heap {
                     size_t alignment, bool* zero);
   // The region wholly containing [addr, addr+size), or nullptr (foreign).
   Region* RegionOf(const void* addr, size_t size) const { return store_.RegionOf(addr, size); }
-  // RegionOf if the guess table knows it, else nullptr (RegionMap::Guess).
+  // RegionOf if the map's guess names it, else nullptr (RegionMap::Guess).
   Region* GuessRegionOf(const void* addr, size_t size) const {
     return store_.GuessRegionOf(addr, size);
   }
@@ -233,9 +233,10 @@ class Heap {
 
   // The heap lives in .bss, so each page of it a program touches costs a
   // page fault (12-16 us on this machine): the rooms a program's start
-  // writes come first, together, and the region store's tables last. A
-  // malloc(100) program touches 4 pages of the heap (2 of them the region
-  // map's), where it touched 6.
+  // writes come first, together, and the region store's own start-up state
+  // follows its tables (RegionStore). A malloc(100) program touches 3 pages
+  // of the heap (one of them a home slot of the region map), where it
+  // touched 6.
   ConfigSlot config_;
   Registrations regs_;
   ReleasePipeline release_;
@@ -284,7 +285,7 @@ inline void Heap::FillKeys(Region* r, int d, uintptr_t a, size_t len, uint32_t l
 
 // The hit path is a leaf: no call but tail calls (a thread's first lookup, a
 // pd, every miss and every retry go elsewhere). It reads one cache line, the
-// slot of the region the guess table names: the slot holds the region's range
+// slot of the region the region map's guess names: the slot holds the region's range
 // with its keys, under its own seq. Keys go straight to *out and are checked
 // afterwards (a seqlock read): when the check fails, LookupRegion overwrites
 // them.
@@ -299,8 +300,9 @@ __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t 
   return LookupHit(store_.Guess(a), a, len, 0, out);
 }
 
-// r is the guess table's answer for a, maybe wrong. a + len is never formed,
-// so a length that wraps the address space is just too long here.
+// r is the region map's guess for a, maybe wrong (or reused since): the
+// slot's own copy of the range decides. a + len is never formed, so a length
+// that wraps the address space is just too long here.
 __attribute__((always_inline)) inline int Heap::LookupHit(Region* r, uintptr_t a, size_t len,
                                                           int d, rdmalloc_keys* out) {
   if (r == nullptr) return LookupRegion(a, len, d, out);

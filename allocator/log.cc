@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "allocator/startup_data.h"
+
 namespace rdmalloc {
 namespace {
-int g_verbose = 0;
+RDMALLOC_STARTUP_DATA int g_verbose = 0;  // set at every start
 }  // namespace
 
 void SetLogLevel(int verbose) { g_verbose = verbose; }

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstddef>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace rdmalloc {
 
 static_assert(offsetof(Region, reg) == 0 && sizeof(RegSlot) == 64,
@@ -29,7 +33,7 @@ inline uint64_t Bits(size_t b, size_t e) {
 }
 
 // The set bits for pages [first, first+n) of a bitmap whose i-th word is
-// word(i). Inlined into each popcnt clone of its callers.
+// word(i). Inlined into both builds of its callers (see CountSetWords).
 template <typename Word>
 __attribute__((always_inline)) inline size_t CountBits(size_t first, size_t n, Word word) {
   if (n == 0) return 0;
@@ -51,32 +55,86 @@ inline size_t NextBit(size_t p, size_t end, Word word) {
   return end;
 }
 
-}  // namespace
-
-// Two builds of CountSet and CountResident, picked once at load time (an ifunc): without
-// -mpopcnt the builtin is a libgcc call. Not under ThreadSanitizer, whose
+// Each bit count is built twice: with the popcnt instruction, and without it
+// (the builtin is then a libgcc call). The loader picks one through an ifunc
+// whose resolver asks cpuid itself. gcc's target_clones would do the same
+// through libgcc's CPU model, whose constructor runs a dozen cpuid
+// instructions (each a trap to the hypervisor in a VM) and writes one more
+// .bss page at every program's start. Not under ThreadSanitizer, whose
 // runtime is not up yet when the loader runs ifunc resolvers.
-#if defined(__SANITIZE_THREAD__)
-#define RDMALLOC_POPCNT_CLONES
-#elif defined(__has_feature)
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define RDMALLOC_POPCNT_IFUNC 1
+#if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define RDMALLOC_POPCNT_CLONES
+#undef RDMALLOC_POPCNT_IFUNC
 #endif
 #endif
-#ifndef RDMALLOC_POPCNT_CLONES
-#define RDMALLOC_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
 #endif
 
 // Whole words in a tight loop: a 16 MiB extent is 64 words, counted and set
 // on every alloc and free.
-RDMALLOC_POPCNT_CLONES
-size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
+size_t CountSetPlain(const uint64_t* bits, size_t first, size_t n) {
   return CountBits(first, n, [bits](size_t i) { return bits[i]; });
 }
 
-RDMALLOC_POPCNT_CLONES
+size_t CountAndNotPlain(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n) {
+  return CountBits(first, n, [bits, clear](size_t i) { return bits[i] & ~clear[i]; });
+}
+
+#ifdef RDMALLOC_POPCNT_IFUNC
+__attribute__((target("popcnt"))) size_t CountSetPopcnt(const uint64_t* bits, size_t first,
+                                                        size_t n) {
+  return CountBits(first, n, [bits](size_t i) { return bits[i]; });
+}
+
+__attribute__((target("popcnt"))) size_t CountAndNotPopcnt(const uint64_t* bits,
+                                                           const uint64_t* clear, size_t first,
+                                                           size_t n) {
+  return CountBits(first, n, [bits, clear](size_t i) { return bits[i] & ~clear[i]; });
+}
+
+bool CpuHasPopcnt() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_POPCNT) != 0;
+}
+#endif
+
+}  // namespace
+
+#ifdef RDMALLOC_POPCNT_IFUNC
+extern "C" {
+// Resolvers, run by the loader while it relocates the library.
+__attribute__((visibility("hidden"))) decltype(&CountSetPlain) rdmalloc_resolve_count_set() {
+  return CpuHasPopcnt() ? CountSetPopcnt : CountSetPlain;
+}
+__attribute__((visibility("hidden"))) decltype(&CountAndNotPlain)
+rdmalloc_resolve_count_and_not() {
+  return CpuHasPopcnt() ? CountAndNotPopcnt : CountAndNotPlain;
+}
+}
+namespace {
+size_t CountSetWords(const uint64_t* bits, size_t first, size_t n)
+    __attribute__((ifunc("rdmalloc_resolve_count_set")));
+size_t CountAndNotWords(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n)
+    __attribute__((ifunc("rdmalloc_resolve_count_and_not")));
+}  // namespace
+#else
+namespace {
+size_t CountSetWords(const uint64_t* bits, size_t first, size_t n) {
+  return CountSetPlain(bits, first, n);
+}
+size_t CountAndNotWords(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n) {
+  return CountAndNotPlain(bits, clear, first, n);
+}
+}  // namespace
+#endif
+
+size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
+  return CountSetWords(bits, first, n);
+}
+
 size_t PageMap::CountResident(size_t first, size_t n) const {
-  return CountBits(first, n, [this](size_t i) { return dirty_[i] & ~untouched_[i]; });
+  return CountAndNotWords(dirty_, untouched_, first, n);
 }
 
 size_t PageMap::NextResident(size_t p, size_t end, bool resident) const {

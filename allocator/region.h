@@ -120,9 +120,7 @@ class PageMap {
   // Resident pages (dirty, not untouched) of [first, first+n).
   size_t CountResident(size_t first, size_t n) const;
   // Free dirty pages [first, first+n) were purged: they read as zero again.
-  // Returns how many of them were resident. Out of line: CountSet's clones
-  // (an ifunc) are only named in region.cc, and clang links no call from
-  // another file to them.
+  // Returns how many of them were resident.
   size_t Purged(size_t first, size_t n);
   // The first resident page in [p, end) (or the first page that is not); end if none.
   size_t NextResident(size_t p, size_t end, bool resident) const;

@@ -87,11 +87,6 @@ size_t ResidentHead(const char* addr, size_t size) {
 
 }  // namespace
 
-Region* RegionStore::RegionOf(const void* addr, size_t size) const {
-  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  return IfLiveAndHolding(map_.Find(a), a, size);
-}
-
 // Counts the acquisitions that had to wait: the thread-scaling benchmark
 // reports them (shard_lock_waits in rdmalloc_stats).
 void RegionStore::LockShard(Shard& s) {

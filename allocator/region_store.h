@@ -50,10 +50,12 @@ class RegionStore {
   // One load, but maybe wrong: check the region's range (RegionMap::Guess).
   Region* Guess(uintptr_t addr) const { return map_.Guess(addr); }
   // The live region wholly containing [addr, addr+size), or nullptr.
-  Region* RegionOf(const void* addr, size_t size) const;
-  // One load in the guess table: the live region wholly containing
-  // [addr, addr+size) if the table names it; nullptr proves nothing (ask
-  // RegionOf). For the hooks' hot path.
+  Region* RegionOf(const void* addr, size_t size) const {
+    uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+    return IfLiveAndHolding(map_.Find(a), a, size);
+  }
+  // RegionOf if Guess names it (always inside the map's home window), else
+  // nullptr, which proves nothing (ask RegionOf). For the hooks' hot path.
   Region* GuessRegionOf(const void* addr, size_t size) const {
     uintptr_t a = reinterpret_cast<uintptr_t>(addr);
     return IfLiveAndHolding(map_.Guess(a), a, size);
@@ -256,6 +258,13 @@ class RegionStore {
   Region* TakeDescriptor();
   void Recycle(Region* r);
 
+  // What a program's first malloc writes lies at the two ends of the large
+  // tables, a page each (Heap says why): the first descriptors of the pool
+  // beside the heap's own state, and after the region map (whose last member
+  // is the window's end) the scalars, the pool's head and the shards, a
+  // program's first shard the first of them.
+  Region pool_[kMaxRegions];
+  RegionMap map_;
   // Set before the first Carve (Heap::Configure). Zero until then, as is
   // every member: the heap holding this store is constant-initialised to
   // zero bytes, into .bss (ConfigSlot says why that matters).
@@ -264,17 +273,12 @@ class RegionStore {
   bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0}, untouched_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
-  // The small state first and the large tables last: what a program's first
-  // malloc writes (the scalars, its shard, the pool's head, the first
-  // descriptor) lies next to the heap's own (Heap says why).
-  Shard shards_[kShards];
   SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
   std::atomic<size_t> descriptors_used_{0};
   std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0},
       releases_held_{0};
-  Region pool_[kMaxRegions];
-  RegionMap map_;
+  Shard shards_[kShards];
 };
 
 }  // namespace rdmalloc

@@ -454,30 +454,110 @@ TEST_F(RegionMapTest, SetFindClear) {
   EXPECT_EQ(map_->Find(base + 3 * kChunkSize - 1), nullptr);
 }
 
-// The guess table has 2^16 entries: chunks 128 GiB apart share one.
-constexpr uintptr_t kGuessSpan = uintptr_t{1} << (16 + kChunkShift);
+// The first region set fixes the home window: kHomeChunks chunks that end
+// kHomeChunksAbove chunks past that region's last one. Chunks inside it have
+// slots of their own, the others live in the radix table; each must be found
+// where it was set, on both sides of both edges.
+constexpr uintptr_t kHomeSpan = RegionMap::kHomeChunks << kChunkShift;
+constexpr uintptr_t kAboveSpan = RegionMap::kHomeChunksAbove << kChunkShift;
 
-TEST_F(RegionMapTest, GuessNamesTheRegionLastSetOnAChunkSharingItsEntry) {
-  const uintptr_t base = 3 * kGuessSpan + 10 * kChunkSize;
-  const uintptr_t alias = base + 5 * kGuessSpan;  // other leaf, same entry
+TEST_F(RegionMapTest, HomeWindowAndRadixTableMeetAtBothEdges) {
+  const uintptr_t first = 5 * kHomeSpan + 7 * kChunkSize;
+  ASSERT_TRUE(map_->Set(first, 2 * kChunkSize, &a_));
+  const uintptr_t end = first + 2 * kChunkSize + kAboveSpan;  // the window's end
+  const uintptr_t begin = end - kHomeSpan;
+  ASSERT_TRUE(map_->Set(end - kChunkSize, kChunkSize, &b_));   // last chunk inside
+  ASSERT_TRUE(map_->Set(end, kChunkSize, &c_));                // first chunk above
+  ASSERT_TRUE(map_->Set(begin, kChunkSize, &c_));              // first chunk inside
+  ASSERT_TRUE(map_->Set(begin - kChunkSize, kChunkSize, &b_));  // last chunk below
+  EXPECT_EQ(map_->Find(first + 2 * kChunkSize - 1), &a_);
+  EXPECT_EQ(map_->Find(end - 1), &b_);
+  EXPECT_EQ(map_->Find(end), &c_);
+  EXPECT_EQ(map_->Find(begin), &c_);
+  EXPECT_EQ(map_->Find(begin - 1), &b_);
+  EXPECT_EQ(map_->Find(end - 2 * kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(end + kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(begin + kChunkSize), nullptr);
+  EXPECT_EQ(map_->Find(begin - 2 * kChunkSize), nullptr);
+  // The same slot index one window further must not alias.
+  EXPECT_EQ(map_->Find(first + kHomeSpan), nullptr);
+  EXPECT_EQ(map_->Find(first - kHomeSpan), nullptr);
+
+  map_->Clear(end - kChunkSize, 2 * kChunkSize);  // across the top edge
+  EXPECT_EQ(map_->Find(end - 1), nullptr);
+  EXPECT_EQ(map_->Find(end), nullptr);
+  map_->Clear(begin - kChunkSize, 2 * kChunkSize);  // across the bottom edge
+  EXPECT_EQ(map_->Find(begin), nullptr);
+  EXPECT_EQ(map_->Find(begin - 1), nullptr);
+  EXPECT_EQ(map_->Find(first), &a_);
+}
+
+// Guess reads the home slot alone: right inside the window, and outside it
+// the region of the window's chunk with the same low bits, or nullptr. A
+// region outside never takes a window chunk's slot.
+TEST_F(RegionMapTest, GuessIsFindInsideTheWindowAndMayAliasOutside) {
+  const uintptr_t base = 3 * kHomeSpan + 10 * kChunkSize;
+  const uintptr_t alias = base + kHomeSpan;  // above the window, same low bits
   EXPECT_EQ(map_->Guess(base), nullptr);
   ASSERT_TRUE(map_->Set(base, 2 * kChunkSize, &a_));
   EXPECT_EQ(map_->Guess(base + 12345), &a_);
   EXPECT_EQ(map_->Guess(base + 2 * kChunkSize - 1), &a_);
   EXPECT_EQ(map_->Guess(base + 2 * kChunkSize), nullptr);
-  // A wrong guess: the caller must check the region's range.
-  EXPECT_EQ(map_->Guess(alias), &a_);
+  EXPECT_EQ(map_->Guess(alias), &a_) << "a wrong guess: the caller checks the range";
   EXPECT_EQ(map_->Find(alias), nullptr);
 
-  ASSERT_TRUE(map_->Set(alias, kChunkSize, &b_));
-  EXPECT_EQ(map_->Guess(base), &b_);  // last set wins
-  EXPECT_EQ(map_->Guess(base + kChunkSize), &a_);
-  EXPECT_EQ(map_->Find(base), &a_);  // the radix table is not a guess
+  ASSERT_TRUE(map_->Set(alias, 2 * kChunkSize, &b_));
+  EXPECT_EQ(map_->Find(alias), &b_);
+  EXPECT_EQ(map_->Guess(base), &a_) << "a region outside took a window chunk's slot";
+  EXPECT_EQ(map_->Find(base), &a_);
+  map_->Clear(alias, 2 * kChunkSize);
+  EXPECT_EQ(map_->Guess(base), &a_);
+  EXPECT_EQ(map_->Find(alias), nullptr);
   map_->Clear(base, 2 * kChunkSize);
-  EXPECT_EQ(map_->Guess(alias), &b_) << "clearing a must not clear b's entry";
-  EXPECT_EQ(map_->Guess(base + kChunkSize), nullptr);
-  map_->Clear(alias, kChunkSize);
+  EXPECT_EQ(map_->Guess(base), nullptr);
   EXPECT_EQ(map_->Guess(alias), nullptr);
+}
+
+TEST_F(RegionMapTest, RegionsStraddlingTheWindowsEdgesAreFoundWhole) {
+  const uintptr_t first = 9 * kHomeSpan;
+  ASSERT_TRUE(map_->Set(first, kChunkSize, &a_));
+  const uintptr_t end = first + kChunkSize + kAboveSpan;
+  const uintptr_t begin = end - kHomeSpan;
+  ASSERT_TRUE(map_->Set(end - 2 * kChunkSize, 4 * kChunkSize, &b_));
+  ASSERT_TRUE(map_->Set(begin - 2 * kChunkSize, 4 * kChunkSize, &c_));
+  for (int i = -2; i < 2; i++) {
+    EXPECT_EQ(map_->Find(end + i * static_cast<intptr_t>(kChunkSize)), &b_) << i;
+    EXPECT_EQ(map_->Find(begin + i * static_cast<intptr_t>(kChunkSize)), &c_) << i;
+  }
+  map_->Clear(end - 2 * kChunkSize, 4 * kChunkSize);
+  map_->Clear(begin - 2 * kChunkSize, 4 * kChunkSize);
+  for (int i = -2; i < 2; i++) {
+    EXPECT_EQ(map_->Find(end + i * static_cast<intptr_t>(kChunkSize)), nullptr) << i;
+    EXPECT_EQ(map_->Find(begin + i * static_cast<intptr_t>(kChunkSize)), nullptr) << i;
+  }
+}
+
+// A window whose end would pass user space ends at its top.
+TEST_F(RegionMapTest, WindowNearTheTopOfUserSpace) {
+  const uintptr_t last = kTop - kChunkSize;
+  ASSERT_TRUE(map_->Set(last, kChunkSize, &a_));
+  ASSERT_TRUE(map_->Set(kTop - kHomeSpan, kChunkSize, &b_));  // the window's first chunk
+  ASSERT_TRUE(map_->Set(kTop - kHomeSpan - kChunkSize, kChunkSize, &c_));  // radix
+  EXPECT_EQ(map_->Find(kTop - 1), &a_);
+  EXPECT_EQ(map_->Find(kTop - kHomeSpan), &b_);
+  EXPECT_EQ(map_->Find(kTop - kHomeSpan - 1), &c_);
+  EXPECT_EQ(map_->Find(kTop), nullptr);
+}
+
+// Likewise at the bottom: the window starts at chunk 0.
+TEST_F(RegionMapTest, WindowNearAddressZero) {
+  ASSERT_TRUE(map_->Set(kChunkSize, kChunkSize, &a_));
+  ASSERT_TRUE(map_->Set(kHomeSpan - kChunkSize, kChunkSize, &b_));
+  ASSERT_TRUE(map_->Set(kHomeSpan, kChunkSize, &c_));  // radix
+  EXPECT_EQ(map_->Find(0), nullptr);
+  EXPECT_EQ(map_->Find(kChunkSize), &a_);
+  EXPECT_EQ(map_->Find(kHomeSpan - 1), &b_);
+  EXPECT_EQ(map_->Find(kHomeSpan), &c_);
 }
 
 TEST_F(RegionMapTest, PartialChunkSizeCoversWholeChunks) {

@@ -28,7 +28,7 @@ testing::RegistrarWrapper g_registrar_wrapper = nullptr;
 void testing::SetRegistrarWrapper(RegistrarWrapper wrap) { g_registrar_wrapper = wrap; }
 
 void Registrations::Configure(const Config& config) {
-  config_.Set(config);
+  config_ = &config;
   eager_ = config.register_mode == RegisterMode::kEager;
 }
 

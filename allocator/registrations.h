@@ -35,7 +35,8 @@ class Registrations {
 
   // Start-up: the settings, then the backend's kind (no backend call yet).
   // Eager registration needs a hook-safe backend; without one it falls back
-  // to lazy (and says so).
+  // to lazy (and says so). `config` is the heap's, read for good: it is not
+  // copied, so the state a program's start writes stays on one page.
   void Configure(const Config& config);
   void ChooseBackend();
   bool eager() const { return eager_; }
@@ -115,9 +116,9 @@ class Registrations {
     }
   };
   enum class Kind { kNone, kVerbs, kUring };
-  const Config& config() const { return config_.get(); }
+  const Config& config() const { return *config_; }
 
-  ConfigSlot config_;
+  const Config* config_ = nullptr;
   bool eager_ = false;
   void (*opened_)(void* ctx) = nullptr;
   void* opened_ctx_ = nullptr;

@@ -41,12 +41,18 @@ heap_type=$(nm -C "$so" | awk '$3 == "rdmalloc::g_heap" {print $2}')
 # What every program's start touches takes as few pages as it can, each a
 # page fault (allocator/startup_data.h, heap.h): the small state sits in
 # .data, whose page the loader has written already, and the heap starts on a
-# page of its own, its start-up state on two.
-for sym in rdmj_init_state rdmj_classes_in_use; do
-  t=$(nm "$so" | awk -v s="$sym" '$3 == s {print $2}')
+# page of its own, its start-up state at both ends of its tables.
+for sym in rdmj_init_state rdmj_classes_in_use 'rdmalloc::(anonymous namespace)::g_verbose' \
+    'rdmalloc::(anonymous namespace)::g_handlers'; do
+  t=$(nm -C "$so" | awk -v s="$sym" '{n = $0; sub(/^[^ ]+ [^ ]+ /, "", n)} n == s {print $2}')
   [ "$t" == "d" ] || [ "$t" == "D" ] ||
     fail "$sym is not in .data (nm type '${t:-none}'): see allocator/startup_data.h"
 done
+# libgcc's CPU model (what target_clones and __builtin_cpu_supports use)
+# brings a constructor that writes a .bss page of its own at every start.
+if nm "$so" | grep -qw __cpu_model; then
+  fail "the library links libgcc's __cpu_model: see CountSetWords in allocator/region.cc"
+fi
 heap_addr=$(nm -C "$so" | awk '$3 == "rdmalloc::g_heap" {print $1}')
 [ -n "$heap_addr" ] && [ $((16#$heap_addr % 4096)) -eq 0 ] ||
   fail "rdmalloc::g_heap is not page-aligned (at 0x${heap_addr:-none})"
