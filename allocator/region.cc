@@ -1,10 +1,15 @@
 #include "allocator/region.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<sys/platform/x86.h>)
+#define _Bool bool  // a C header: clang's C++ has no _Bool
+#include <sys/platform/x86.h>
+#undef _Bool
+#endif
 #endif
 
 namespace rdmalloc {
@@ -33,7 +38,7 @@ inline uint64_t Bits(size_t b, size_t e) {
 }
 
 // The set bits for pages [first, first+n) of a bitmap whose i-th word is
-// word(i). Inlined into both builds of its callers (see CountSetWords).
+// word(i). Inlined into each build of its callers (see ChooseCounts).
 template <typename Word>
 __attribute__((always_inline)) inline size_t CountBits(size_t first, size_t n, Word word) {
   if (n == 0) return 0;
@@ -55,22 +60,6 @@ inline size_t NextBit(size_t p, size_t end, Word word) {
   return end;
 }
 
-// Each bit count is built twice: with the popcnt instruction, and without it
-// (the builtin is then a libgcc call). The loader picks one through an ifunc
-// whose resolver asks cpuid itself. gcc's target_clones would do the same
-// through libgcc's CPU model, whose constructor runs a dozen cpuid
-// instructions (each a trap to the hypervisor in a VM) and writes one more
-// .bss page at every program's start. Not under ThreadSanitizer, whose
-// runtime is not up yet when the loader runs ifunc resolvers.
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define RDMALLOC_POPCNT_IFUNC 1
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#undef RDMALLOC_POPCNT_IFUNC
-#endif
-#endif
-#endif
-
 // Whole words in a tight loop: a 16 MiB extent is 64 words, counted and set
 // on every alloc and free.
 size_t CountSetPlain(const uint64_t* bits, size_t first, size_t n) {
@@ -81,7 +70,18 @@ size_t CountAndNotPlain(const uint64_t* bits, const uint64_t* clear, size_t firs
   return CountBits(first, n, [bits, clear](size_t i) { return bits[i] & ~clear[i]; });
 }
 
-#ifdef RDMALLOC_POPCNT_IFUNC
+// On x86-64 each count is built twice more with the popcnt instruction
+// (without it the builtin is a libgcc call) and chosen at the first call by
+// what glibc recorded of the CPU. Asking the CPU would cost a cpuid, a trap to
+// the hypervisor in a VM (3 us here): gcc's target_clones ran a dozen in
+// libgcc's constructor at every program's start, and wrote a .bss page.
+#if defined(__x86_64__) && defined(__has_include)
+#if __has_include(<sys/platform/x86.h>)
+#define RDMALLOC_POPCNT_CHOICE 1
+#endif
+#endif
+
+#ifdef RDMALLOC_POPCNT_CHOICE
 __attribute__((target("popcnt"))) size_t CountSetPopcnt(const uint64_t* bits, size_t first,
                                                         size_t n) {
   return CountBits(first, n, [bits](size_t i) { return bits[i]; });
@@ -92,49 +92,45 @@ __attribute__((target("popcnt"))) size_t CountAndNotPopcnt(const uint64_t* bits,
                                                            size_t n) {
   return CountBits(first, n, [bits, clear](size_t i) { return bits[i] & ~clear[i]; });
 }
-
-bool CpuHasPopcnt() {
-  unsigned eax, ebx, ecx, edx;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_POPCNT) != 0;
-}
 #endif
 
-}  // namespace
+size_t CountSetFirst(const uint64_t* bits, size_t first, size_t n);
+size_t CountAndNotFirst(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n);
 
-#ifdef RDMALLOC_POPCNT_IFUNC
-extern "C" {
-// Resolvers, run by the loader while it relocates the library.
-__attribute__((visibility("hidden"))) decltype(&CountSetPlain) rdmalloc_resolve_count_set() {
-  return CpuHasPopcnt() ? CountSetPopcnt : CountSetPlain;
-}
-__attribute__((visibility("hidden"))) decltype(&CountAndNotPlain)
-rdmalloc_resolve_count_and_not() {
-  return CpuHasPopcnt() ? CountAndNotPopcnt : CountAndNotPlain;
-}
-}
-namespace {
-size_t CountSetWords(const uint64_t* bits, size_t first, size_t n)
-    __attribute__((ifunc("rdmalloc_resolve_count_set")));
-size_t CountAndNotWords(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n)
-    __attribute__((ifunc("rdmalloc_resolve_count_and_not")));
-}  // namespace
-#else
-namespace {
-size_t CountSetWords(const uint64_t* bits, size_t first, size_t n) {
-  return CountSetPlain(bits, first, n);
-}
-size_t CountAndNotWords(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n) {
-  return CountAndNotPlain(bits, clear, first, n);
-}
-}  // namespace
+// In .data, relocated by the loader: no page of their own to fault in.
+std::atomic<decltype(&CountSetPlain)> g_count_set{CountSetFirst};
+std::atomic<decltype(&CountAndNotPlain)> g_count_and_not{CountAndNotFirst};
+
+void ChooseCounts() {
+#ifdef RDMALLOC_POPCNT_CHOICE
+  if (CPU_FEATURE_ACTIVE(POPCNT)) {
+    g_count_set.store(CountSetPopcnt, std::memory_order_relaxed);
+    g_count_and_not.store(CountAndNotPopcnt, std::memory_order_relaxed);
+    return;
+  }
 #endif
+  g_count_set.store(CountSetPlain, std::memory_order_relaxed);
+  g_count_and_not.store(CountAndNotPlain, std::memory_order_relaxed);
+}
+
+size_t CountSetFirst(const uint64_t* bits, size_t first, size_t n) {
+  ChooseCounts();
+  return g_count_set.load(std::memory_order_relaxed)(bits, first, n);
+}
+
+size_t CountAndNotFirst(const uint64_t* bits, const uint64_t* clear, size_t first, size_t n) {
+  ChooseCounts();
+  return g_count_and_not.load(std::memory_order_relaxed)(bits, clear, first, n);
+}
+
+}  // namespace
 
 size_t PageMap::CountSet(const uint64_t* bits, size_t first, size_t n) const {
-  return CountSetWords(bits, first, n);
+  return g_count_set.load(std::memory_order_relaxed)(bits, first, n);
 }
 
 size_t PageMap::CountResident(size_t first, size_t n) const {
-  return CountAndNotWords(dirty_, untouched_, first, n);
+  return g_count_and_not.load(std::memory_order_relaxed)(dirty_, untouched_, first, n);
 }
 
 size_t PageMap::NextResident(size_t p, size_t end, bool resident) const {
