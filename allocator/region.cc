@@ -73,7 +73,7 @@ size_t CountAndNotPlain(const uint64_t* bits, const uint64_t* clear, size_t firs
 // On x86-64 each count is built twice more with the popcnt instruction
 // (without it the builtin is a libgcc call) and chosen at the first call by
 // what glibc recorded of the CPU. Asking the CPU would cost a cpuid, a trap to
-// the hypervisor in a VM (3 us here): gcc's target_clones ran a dozen in
+// the hypervisor in a VM (3 us here): gcc's target_clones ran several in
 // libgcc's constructor at every program's start, and wrote a .bss page.
 #if defined(__x86_64__) && defined(__has_include)
 #if __has_include(<sys/platform/x86.h>)

@@ -9,9 +9,9 @@
 // bits of the chunk number, which 2^16 consecutive chunks never share: a
 // lookup there is one load whose address depends on the address alone (the
 // window check runs beside it, or is left to the caller: Guess). Chunks
-// outside the window live in a two-level
-// radix table (two dependent loads) whose leaves are mmap'd on demand and
-// never freed (64 KiB each, one per 16 GiB of address space in use).
+// outside the window live in a two-level radix table (two dependent loads)
+// whose leaves are mmap'd on demand and never freed (64 KiB each, one per
+// 16 GiB of address space in use).
 //
 // A small program writes two pages of the map (the window's end, one home
 // slot); with the radix table alone it wrote three and mapped a leaf.

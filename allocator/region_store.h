@@ -54,8 +54,9 @@ class RegionStore {
     uintptr_t a = reinterpret_cast<uintptr_t>(addr);
     return IfLiveAndHolding(map_.Find(a), a, size);
   }
-  // RegionOf if Guess names it (always inside the map's home window), else
-  // nullptr, which proves nothing (ask RegionOf). For the hooks' hot path.
+  // RegionOf's answer when Guess names the region, as it always does inside
+  // the map's home window; else nullptr, which proves nothing (ask
+  // RegionOf). For the hooks' hot path.
   Region* GuessRegionOf(const void* addr, size_t size) const {
     uintptr_t a = reinterpret_cast<uintptr_t>(addr);
     return IfLiveAndHolding(map_.Guess(a), a, size);
