@@ -15,8 +15,9 @@ namespace rdmalloc {
 // gcc evaluates it; clang gives up at its default constexpr step limit
 // (raise it with -fconstexpr-steps=16777216) and must not silently fall back.
 // On a page boundary, so that the state a program's start writes lies on
-// two pages (heap.h orders the members for it); at whatever offset the
-// linker put it, it took three. (clang wants alignas before the attribute.)
+// as few pages as heap.h's member order allows (3, one a region map slot);
+// at the offset the linker chose, an earlier layout took one more. (clang wants
+// alignas before the attribute.)
 alignas(kPageSize)
 #if defined(__clang__)
 __attribute__((require_constant_initialization))

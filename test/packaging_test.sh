@@ -51,7 +51,7 @@ done
 # libgcc's CPU model (what target_clones and __builtin_cpu_supports use)
 # brings a constructor that writes a .bss page of its own at every start.
 if nm "$so" | grep -qw __cpu_model; then
-  fail "the library links libgcc's __cpu_model: see CountSetWords in allocator/region.cc"
+  fail "the library links libgcc's __cpu_model: see ChooseCounts in allocator/region.cc"
 fi
 heap_addr=$(nm -C "$so" | awk '$3 == "rdmalloc::g_heap" {print $1}')
 [ -n "$heap_addr" ] && [ $((16#$heap_addr % 4096)) -eq 0 ] ||
