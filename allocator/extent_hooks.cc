@@ -153,12 +153,13 @@ __attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void*
   return g_default->merge(g_default, addr_a, size_a, addr_b, size_b, committed, arena_ind);
 }
 
-// Freed small blocks coalesce no further than kLargeReturnedAtOnce: stock
-// jemalloc's stop at its mappings' edges (it never merges across two), and
-// past that size jemalloc purges what it coalesced at once, pages that it
-// would otherwise reuse (mstress at two threads purged 2.8x the bytes of
-// stock jemalloc, and faulted 1.3x). A merge with a large block goes ahead:
-// that extent comes back warm and is kept (HowFreed).
+// Freed small blocks coalesce to less than kSmallBlocksCoalesceBelow, as
+// stock jemalloc's stop at its mappings' edges (it never merges across two):
+// larger, jemalloc would not split them for its slabs, and from
+// kLargeReturnedAtOnce it would purge them at once, pages it would otherwise
+// reuse (mstress at two threads purged 2.8x the bytes of stock jemalloc). A
+// merge with a large block goes ahead: that extent comes back warm and is
+// kept (HowFreed).
 __attribute__((noinline)) bool MergeLarge(void* addr_a, size_t size_a, void* addr_b,
                                           size_t size_b, bool committed, unsigned arena_ind) {
   HookScope in_jemalloc;
@@ -175,7 +176,7 @@ __attribute__((noinline)) bool MergeLarge(void* addr_a, size_t size_a, void* add
 // chunk boundary) are in that chunk's region, or both foreign.
 bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
            bool committed, unsigned arena_ind) {
-  if (size_a + size_b >= kLargeReturnedAtOnce)
+  if (size_a + size_b >= kSmallBlocksCoalesceBelow)
     return MergeLarge(addr_a, size_a, addr_b, size_b, committed, arena_ind);
   if ((reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) != 0 &&
       TheHeap().GuessRegionOf(addr_b, size_b) != nullptr)

@@ -22,6 +22,15 @@ void SetDirtyDecay(long ms);
 // extent_record). Smaller ones wait in jemalloc's dirty cache for their decay
 // time, and the heap does not keep their pages again.
 constexpr size_t kLargeReturnedAtOnce = size_t{8} << 20;
+// Freed smaller blocks coalesce in jemalloc's dirty cache to less than this
+// (the merge hook), as stock jemalloc's stop at the edges of its mappings,
+// which start at 2 MiB and grow a size class at a time. jemalloc does not
+// split a cached extent for a request 64 times smaller
+// (lg_extent_max_active_fit): coalesced up to 8 MiB, they sat resident while
+// slabs took fresh pages (mstress peaked at 1.05-1.08x jemalloc's RSS).
+constexpr size_t kSmallBlocksCoalesceBelow = size_t{4} << 20;
+static_assert(kSmallBlocksCoalesceBelow <= kLargeReturnedAtOnce,
+              "smaller blocks must not coalesce to the size that comes back at once");
 // Whether jemalloc has a decay time (`decay_ms`: RDMALLOC_DECAY_MS or
 // kDecayUnset, then MALLOC_CONF's): without one every freed extent comes
 // back at once. Call once jemalloc may boot.

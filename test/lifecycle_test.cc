@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -42,6 +43,25 @@ void AllocateAndFreeALargeBlock() {
   void* q = malloc(size_t{64} << 10);
   asm volatile("" : : "r"(q) : "memory");
   free(q);
+}
+
+// The size of the largest extent in jemalloc's dirty caches (all arenas),
+// to within its page size class: jemalloc counts them per class, and the
+// average of the largest class that holds any is in that class. 0 if none.
+size_t LargestDirtyExtent() {
+  uint64_t epoch = 1;
+  if (mallctl("epoch", nullptr, nullptr, &epoch, sizeof epoch) != 0) return SIZE_MAX;
+  size_t largest = 0;
+  for (unsigned j = 0;; j++) {
+    char name[64];
+    size_t count = 0, bytes = 0, len = sizeof count;
+    snprintf(name, sizeof name, "stats.arenas.4096.extents.%u.ndirty", j);
+    if (mallctl(name, &count, &len, nullptr, 0) != 0) break;  // past the last class
+    snprintf(name, sizeof name, "stats.arenas.4096.extents.%u.dirty_bytes", j);
+    if (mallctl(name, &bytes, &len, nullptr, 0) != 0) return SIZE_MAX;
+    if (count != 0) largest = bytes / count;
+  }
+  return largest;
 }
 
 TEST(Lifecycle, ReleasedRegionsAreDeregisteredAndUnpinned) {
@@ -439,11 +459,13 @@ TEST(Retain, ExtentsJemallocLetDecayAreNotKeptAgain) {
 
 // jemalloc gives an extent back at once (purged, in stock jemalloc) when it
 // coalesces to 8 MiB in its dirty cache. A large block freed does, and
-// rdmalloc keeps it for the next one. Freed smaller blocks coalesce no
-// further than that (the merge hook), as stock jemalloc's stop at the edges
-// of its mappings: they wait in the dirty cache, resident, for reuse. They
-// used to reach 8 MiB and be purged at once, and mstress at two threads
-// purged 2.8x the bytes of stock jemalloc and faulted 1.3x as often.
+// rdmalloc keeps it for the next one. Freed smaller blocks coalesce to less
+// than 4 MiB (the merge hook), as stock jemalloc's stop at the edges of its
+// mappings: they wait in the dirty cache, resident, for reuse. They used to
+// reach 8 MiB and be purged at once, and mstress at two threads purged 2.8x
+// the bytes of stock jemalloc and faulted 1.3x as often. Then they coalesced
+// to just under 8 MiB, too large for jemalloc to split for a slab (64 times
+// the request at most), and mstress peaked at 1.05-1.08x jemalloc's RSS.
 TEST(Retain, SmallBlocksStayInTheDirtyCacheButALargeBlockComesBackAndIsKept) {
   if (!IsRerunChild()) {
     EXPECT_EQ(RerunSelf("Retain.SmallBlocksStayInTheDirtyCacheButALargeBlockComesBackAndIsKept",
@@ -469,6 +491,10 @@ TEST(Retain, SmallBlocksStayInTheDirtyCacheButALargeBlockComesBackAndIsKept) {
   size_t resident = 0;
   for (char* b : blocks) resident += ResidentBytes(b, small);
   EXPECT_GE(resident, count * small * 3 / 4) << "freed small blocks were purged";
+  // Coalesced as far as stock jemalloc's would be, and no further.
+  size_t largest = LargestDirtyExtent();
+  EXPECT_LT(largest, size_t{4} << 20) << "freed small blocks coalesced past 4 MiB";
+  EXPECT_GE(largest, size_t{2} << 20) << "freed small blocks did not coalesce";
 
   // A large block freed is kept, resident, for the next one.
   char* p = static_cast<char*>(malloc(large));
