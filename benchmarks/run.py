@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Runs rdmalloc's benchmarks side by side and writes docs/BENCHMARKS.md.
 
-Allocator workloads: the same binaries under glibc, stock Debian jemalloc and
-rdmalloc (LD_PRELOAD, fresh copies of the libraries each round), interleaved
-A B C, B C A, ..., medians of N rounds, peak RSS of each run. Then the lookup and message-path benchmarks (in-process,
-Google Benchmark). This machine is noisy: compare ratios from one run only.
+Allocator workloads: the same binaries under glibc, stock Debian jemalloc,
+rdmalloc and a second copy of jemalloc (the A/A control: the noise between two
+identical allocators), LD_PRELOAD, fresh copies of the libraries each round,
+interleaved A B C D, B C D A, ..., medians of N rounds, peak RSS of each run.
+Then the lookup and message-path benchmarks (in-process, Google Benchmark).
+This machine is noisy: compare ratios from one run only.
 """
 import argparse
 import atexit
@@ -27,6 +29,12 @@ BIN = None  # the optimised build's bazel-bin, set in main()
 WORKLOADS = ["larson", "xmalloc", "cache_scratch", "mstress", "small_loop", "large_blocks",
              "sparse_blocks", "extent_churn"]
 ALLOCATORS = ["glibc", "jemalloc", "rdmalloc"]
+# The workloads also run a second, separate copy of stock jemalloc in every
+# round: its ratio to the first (an A/A control) shows how far two identical
+# allocators' ratios stray on this machine, the band inside which a ratio of
+# rdmalloc's to jemalloc's is parity.
+JEMALLOC_AGAIN = "jemalloc_again"
+WORKLOAD_ALLOCATORS = ALLOCATORS + [JEMALLOC_AGAIN]
 
 
 def sh(cmd, **kw):
@@ -36,7 +44,7 @@ def sh(cmd, **kw):
 def installed_library(allocator):
     if allocator == "glibc":
         return None
-    if allocator == "jemalloc":
+    if allocator in ("jemalloc", JEMALLOC_AGAIN):
         return sorted(glob.glob("/usr/lib/*/libjemalloc.so.2"))[0]
     return os.path.join(BIN, "allocator", "librdmalloc.so")
 
@@ -51,7 +59,7 @@ COPIES = {}
 COPY_DIR = None
 
 
-def fresh_copies():
+def fresh_copies(allocators=ALLOCATORS):
     global COPY_DIR
     if COPY_DIR is None:
         COPY_DIR = tempfile.mkdtemp(prefix="rdmalloc_bench_libs.")
@@ -59,7 +67,7 @@ def fresh_copies():
     for lib in COPIES.values():
         os.unlink(lib)
     COPIES.clear()
-    for a in ALLOCATORS:
+    for a in allocators:
         src = installed_library(a)
         if src:
             fd, dst = tempfile.mkstemp(dir=COPY_DIR, prefix=a + ".", suffix=".so")
@@ -72,10 +80,10 @@ def preload(allocator):
     return COPIES.get(allocator) or installed_library(allocator)
 
 
-def round_order(i):
+def round_order(i, allocators=ALLOCATORS):
     """The allocators in round i: rotated, so none always runs first or last."""
-    k = i % len(ALLOCATORS)
-    return ALLOCATORS[k:] + ALLOCATORS[:k]
+    k = i % len(allocators)
+    return allocators[k:] + allocators[:k]
 
 
 def run_once(binary, args, allocator, extra_env=None, fields_out=None):
@@ -107,15 +115,15 @@ def workloads(rounds, threads_list):
     for name in WORKLOADS:
         binary = os.path.join(BIN, "benchmarks", "workloads", name)
         for threads in threads_list:
-            res = {a: {"ops": [], "rss": []} for a in ALLOCATORS}
+            res = {a: {"ops": [], "rss": []} for a in WORKLOAD_ALLOCATORS}
             for i in range(rounds):
-                fresh_copies()
-                for a in round_order(i):  # interleaved: A B C B C A ...
+                fresh_copies(WORKLOAD_ALLOCATORS)
+                for a in round_order(i, WORKLOAD_ALLOCATORS):  # interleaved: A B C D, B C D A, ...
                     ops, rss = run_once(binary, [str(threads)], a)
                     res[a]["ops"].append(ops)
                     res[a]["rss"].append(rss)
             row = {"workload": name, "threads": threads}
-            for a in ALLOCATORS:
+            for a in WORKLOAD_ALLOCATORS:
                 row[a] = median(res[a]["ops"])
                 row[a + "_rss"] = max(res[a]["rss"])
                 row[a + "_rounds"] = res[a]["ops"]
@@ -127,10 +135,15 @@ def workloads(rounds, threads_list):
             row["rdm_vs_jem_range"] = [min(vs_jem), max(vs_jem)]
             row["rdm_vs_glibc"] = median(vs_glibc)
             row["rss_vs_jem"] = row["rdmalloc_rss"] / row["jemalloc_rss"]
+            again = [b / j for b, j in zip(res[JEMALLOC_AGAIN]["ops"], res["jemalloc"]["ops"])]
+            row["jem_vs_jem"] = median(again)
+            row["jem_vs_jem_range"] = [min(again), max(again)]
+            row["jem_rss_vs_jem"] = row[JEMALLOC_AGAIN + "_rss"] / row["jemalloc_rss"]
             rows.append(row)
             print(f"{name:14s} t={threads} glibc={row['glibc']:.3g} jemalloc={row['jemalloc']:.3g} "
                   f"rdmalloc={row['rdmalloc']:.3g} rdm/jem={row['rdm_vs_jem']:.3f} "
-                  f"rdm/glibc={row['rdm_vs_glibc']:.3f} rss rdm/jem={row['rss_vs_jem']:.2f}",
+                  f"rdm/glibc={row['rdm_vs_glibc']:.3f} rss rdm/jem={row['rss_vs_jem']:.2f} "
+                  f"A/A jem/jem={row['jem_vs_jem']:.3f} rss {row['jem_rss_vs_jem']:.2f}",
                   flush=True)
     return rows
 
@@ -458,28 +471,50 @@ def write_markdown(path, res):
     L.append("![throughput and message path](benchmarks.png)\n")
     L.append("## Allocator workloads\n")
     L.append(f"Operations per second, median of {res['rounds']} rounds; each round runs the three "
-             "allocators back to back, in an order rotated each round, each preloaded from a fresh "
+             "allocators and a second copy of stock jemalloc back to back, in an order rotated each "
+             "round, each preloaded from a fresh "
              "copy of its library (same binaries; see `benchmarks/workloads/README.md`; where a "
              "library file's pages lie showed in its speed, up to 25 % between byte-identical "
              "copies). The "
              "ratios are taken within each round and their median is shown, with the lowest and "
              "highest round: noise that changes between rounds cancels, and a wide range says the "
              "workload itself swings (xmalloc at 2 threads flips between two speeds with thread "
-             "placement, for every allocator). Peak RSS is the largest of the runs.\n")
+             "placement, for every allocator). Peak RSS is the largest of the runs. *A/A* is the "
+             "second copy of jemalloc against the first, taken the same way: two identical "
+             "allocators, so its distance from 1.00 is this machine's noise, and a ratio of "
+             "rdmalloc's that strays no further is parity.\n")
     L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | rounds' range | "
-             "rdmalloc / glibc | peak RSS jemalloc | peak RSS rdmalloc | RSS rdmalloc / jemalloc |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+             "A/A: jemalloc / jemalloc (range) | rdmalloc / glibc | peak RSS jemalloc | "
+             "peak RSS rdmalloc | RSS rdmalloc / jemalloc | RSS A/A |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         spread = "%.2f–%.2f" % tuple(r["rdm_vs_jem_range"]) if "rdm_vs_jem_range" in r else "—"
+        again = ("%.3f (%.2f–%.2f)" % (r["jem_vs_jem"], *r["jem_vs_jem_range"])
+                 if "jem_vs_jem" in r else "—")
+        again_rss = "%.2f" % r["jem_rss_vs_jem"] if "jem_rss_vs_jem" in r else "—"
         L.append(f"| {r['workload']} | {r['threads']} | {r['glibc']:.3g} | {r['jemalloc']:.3g} | "
-                 f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {spread} | "
+                 f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {spread} | {again} | "
                  f"{r['rdm_vs_glibc']:.3f} | "
                  f"{r['jemalloc_rss'] / 1024:.1f} MiB | {r['rdmalloc_rss'] / 1024:.1f} MiB | "
-                 f"{r['rss_vs_jem']:.2f} |")
+                 f"{r['rss_vs_jem']:.2f} | {again_rss} |")
     worst = min(rows, key=lambda r: r["rdm_vs_jem"])
     L.append("")
     L.append(f"Lowest throughput ratio to jemalloc: {worst['rdm_vs_jem']:.3f} ({worst['workload']}, "
-             f"{worst['threads']} thread(s)); target ≥ 1.00.\n")
+             f"{worst['threads']} thread(s)); target ≥ 1.00.")
+    controls = [r for r in rows if "jem_vs_jem" in r]
+    if controls:
+        aa = [r["jem_vs_jem"] for r in controls]
+        aa_rss = [r["jem_rss_vs_jem"] for r in controls]
+        below = [r for r in rows if r["rdm_vs_jem"] < 1.0]
+        beyond = [r for r in below if r["rdm_vs_jem"] < min(aa)]
+        L.append(f"The A/A control's median ratios run from {min(aa):.3f} to {max(aa):.3f} in this "
+                 f"run, its peak RSS ratios from {min(aa_rss):.2f} to {max(aa_rss):.2f}. "
+                 f"{len(below)} of rdmalloc's {len(rows)} throughput ratios are below 1.00; "
+                 + (f"{len(beyond)} of them below the control's lowest: " +
+                    ", ".join(f"{r['workload']} at {r['threads']} thread(s)" for r in beyond)
+                    if beyond else "none is below the control's lowest") + ".\n")
+    else:
+        L.append("")
     if res.get("startup"):
         L.append("## Short-lived programs\n")
         L.append("Whole runs, fork to exit (wall clock), and peak RSS, median of "
