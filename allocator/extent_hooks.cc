@@ -132,17 +132,11 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
 // Split and merge run without jemalloc's reentrancy guard (see g_hooks):
 // they read the region map and call nothing that allocates. They are the
 // hooks jemalloc calls most, so a right guess answers with no call.
-__attribute__((noinline)) bool SplitUnguessed(void* addr, size_t size, size_t size_a,
-                                              size_t size_b, bool committed, unsigned arena_ind) {
-  if (TheHeap().RegionOf(addr, size) != nullptr) return false;
-  return g_default->split(g_default, addr, size, size_a, size_b, committed, arena_ind);
-}
-
-bool Split(extent_hooks_t*, void* addr, size_t size, size_t size_a, size_t size_b, bool committed,
-           unsigned arena_ind) {
-  if (TheHeap().GuessRegionOf(addr, size) != nullptr) return false;  // bookkeeping only
-  return SplitUnguessed(addr, size, size_a, size_b, committed, arena_ind);
-}
+//
+// Every split is allowed, with no lookup: inside a region it is jemalloc's
+// bookkeeping, and jemalloc's default hooks, which own any extent outside
+// the regions, allow every split where mappings coalesce (Linux).
+bool Split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
 
 // Never let an extent span two regions: one allocation must have one MR.
 __attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void* addr_b,
