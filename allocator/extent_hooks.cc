@@ -129,16 +129,16 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
   return g_default->purge_forced(g_default, addr, size, offset, length, arena_ind);
 }
 
-// Split and merge run without jemalloc's reentrancy guard (see g_hooks):
-// they read the region map and call nothing that allocates. They are the
-// hooks jemalloc calls most, so a right guess answers with no call.
+// Split and merge are the hooks jemalloc calls most. They run without its
+// reentrancy guard (see g_hooks): they call nothing that allocates.
 //
 // Every split is allowed, with no lookup: inside a region it is jemalloc's
 // bookkeeping, and jemalloc's default hooks, which own any extent outside
 // the regions, allow every split where mappings coalesce (Linux).
 bool Split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
 
-// Never let an extent span two regions: one allocation must have one MR.
+// Never let an extent span two regions: one allocation must have one MR. A
+// right guess of the region map answers with no call (Merge).
 __attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void* addr_b,
                                               size_t size_b, bool committed, unsigned arena_ind) {
   Region* a = TheHeap().RegionOf(addr_a, size_a);
