@@ -110,11 +110,12 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Bl
   // and not purged here: a madvise per block freed page tables that the next
   // block faulted back, 2x slower than leaving it to the sweep below.
   unsigned shard = store_.EnterFree(r);
-  bool may_purge = !release_.observed() && r->registrations.load() == 0;
+  bool pinned = r->registrations.load() != 0;
+  bool may_purge = !release_.observed() && !pinned;
   // Before any purge below, which would read as pages never touched.
   size_t keep = size;
   if (held != PageMap::Block::kSmall)
-    keep = store_.EndLargeBlock(r, addr, size, held, how == Freed::kWarm && may_purge);
+    keep = store_.EndLargeBlock(r, addr, size, held, how == Freed::kWarm && may_purge, pinned);
   size_t excess = how == Freed::kCold ? size : store_.ExcessOverRetain(keep);
   if (excess != 0) excess += size - keep;  // the tail: untouched pages first
   size_t purged = 0;

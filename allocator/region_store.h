@@ -109,7 +109,10 @@ class RegionStore {
   // buffer, as one sized for its largest message, left 16 MiB counted as
   // kept for 64 KiB resident, and purges forced by that count took the pages
   // it does touch (sparse_blocks at 2 threads: 7.5 page faults per block).
-  size_t EndLargeBlock(Region* r, void* addr, size_t size, PageMap::Block held, bool find_head);
+  // `pinned`: a registration pins r's pages, so all are resident (filled)
+  // without asking the kernel.
+  size_t EndLargeBlock(Region* r, void* addr, size_t size, PageMap::Block held, bool find_head,
+                       bool pinned);
   // Whether the shard's last freed large block was sparse: its next one
   // will not fault in all its new pages either.
   bool LargeBlocksSparse(const Region* r) const {

@@ -718,14 +718,15 @@ TEST(RegionStoreTest, ASparseLargeBlockKeepsItsHeadAndTheNextOneStartsThere) {
   uint64_t retained = g_store.retained_bytes(), untouched = g_store.untouched_bytes();
   PageMap::Block held = g_store.HeldBlock(r, sparse.addr, 16 * kMiB);
   ASSERT_NE(held, PageMap::Block::kSmall);
-  size_t head = g_store.EndLargeBlock(r, sparse.addr, 16 * kMiB, held, /*find_head=*/true);
+  size_t head = g_store.EndLargeBlock(r, sparse.addr, 16 * kMiB, held, /*find_head=*/true,
+                                    /*pinned=*/false);
   EXPECT_EQ(head, size_t{64} << 10) << "up to its last resident page";
   EXPECT_TRUE(g_store.LargeBlocksSparse(r));
   g_store.Give(r, sparse.addr, 16 * kMiB, 0, head);
   EXPECT_EQ(g_store.retained_bytes(), retained + (64 << 10)) << "only the head counts as kept";
   EXPECT_EQ(g_store.untouched_bytes(), untouched + 16 * kMiB - (64 << 10));
   held = g_store.HeldBlock(r, low.addr, 30 * kMiB);
-  head = g_store.EndLargeBlock(r, low.addr, 30 * kMiB, held, true);
+  head = g_store.EndLargeBlock(r, low.addr, 30 * kMiB, held, true, false);
   EXPECT_EQ(head, 4096u);
   g_store.Give(r, low.addr, 30 * kMiB, 0, head);
 
@@ -770,7 +771,7 @@ TEST(RegionStoreTest, ALargeBlockTouchedHereAndThereIsKeptWhole) {
   ASSERT_TRUE(g_store.Carve(arena, 0, nullptr, 16 * kMiB, 4096, &e));
   for (size_t off = 0; off < 16 * kMiB; off += 3 * 4096) static_cast<char*>(e.addr)[off] = 1;
   PageMap::Block held = g_store.HeldBlock(e.region, e.addr, 16 * kMiB);
-  EXPECT_EQ(g_store.EndLargeBlock(e.region, e.addr, 16 * kMiB, held, true), 16 * kMiB);
+  EXPECT_EQ(g_store.EndLargeBlock(e.region, e.addr, 16 * kMiB, held, true, false), 16 * kMiB);
   EXPECT_FALSE(g_store.LargeBlocksSparse(e.region));
   uint64_t retained = g_store.retained_bytes();
   RegionStore::Gave gave = g_store.Give(e.region, e.addr, 16 * kMiB, 0, 16 * kMiB);
@@ -831,7 +832,7 @@ RegionStore g_huge_store;
 // What Heap::FreeExtent does with a freed extent's pages.
 RegionStore::Gave Free(RegionStore& store, const RegionStore::Extent& e, size_t size) {
   PageMap::Block held = store.HeldBlock(e.region, e.addr, size);
-  if (held != PageMap::Block::kSmall) store.EndLargeBlock(e.region, e.addr, size, held, false);
+  if (held != PageMap::Block::kSmall) store.EndLargeBlock(e.region, e.addr, size, held, false, false);
   return store.Give(e.region, e.addr, size, 0);
 }
 
