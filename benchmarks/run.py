@@ -317,10 +317,9 @@ def reg_mr_table(L, reg, git):
              "freed; the clock's own cost, timed beside them, is taken off. *buffer alone* is the "
              "rest of the message. Each is the median of 5 rounds. *served, one at a time*: the "
              "same with windows of one message (`--window=1`), as the sizes from 4 MiB up always "
-             "go. Under emulation a served pair that follows its buffer's malloc and free costs "
-             "more than one that follows another registration (compare the two served columns "
-             "at 4 KiB and 64 KiB), and more after a large buffer's, whose malloc and free run "
-             "more code, than after a small one's. Natively the served pair does not depend on "
+             "go: under emulation a served pair timed alone, after its buffer's malloc and "
+             "free, swings between runs and sizes by up to 3x, and the served column's rise at "
+             "the large sizes stays within that. Natively the served pair does not depend on "
              "the size (below).\n")
     L.append("| size | buffer alone | reg+dereg kernel | reg+dereg forwarded | reg+dereg served | "
              "served, one at a time | kernel / served | whole message kernel / served |")
