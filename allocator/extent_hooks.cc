@@ -129,12 +129,14 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
   return g_default->purge_forced(g_default, addr, size, offset, length, arena_ind);
 }
 
-// Split and merge are the hooks jemalloc calls most. They run without its
-// reentrancy guard (see g_hooks): they call nothing that allocates.
+// Split and merge are the hooks jemalloc calls most. Merge runs without its
+// reentrancy guard (see g_hooks): it calls nothing that allocates.
 //
 // Every split is allowed, with no lookup: inside a region it is jemalloc's
 // bookkeeping, and jemalloc's default hooks, which own any extent outside
-// the regions, allow every split where mappings coalesce (Linux).
+// the regions, allow every split where mappings coalesce (Linux). jemalloc,
+// patched, answers so itself for this table without the call; the hook
+// stays for whoever reads the table (arena.<i>.extent_hooks) and calls it.
 bool Split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
 
 // Never let an extent span two regions: one allocation must have one MR. A
@@ -180,9 +182,10 @@ bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t si
 
 }  // namespace
 
-// Named for jemalloc, which calls this table's split and merge hooks without
-// its reentrancy guard (third_party/jemalloc_rdmalloc.patch, ehooks.h): that
-// guard's two tsd_slow_update() calls cost more than the hooks themselves.
+// Named for jemalloc, which calls this table's merge hook without its
+// reentrancy guard, and answers for its split hook without a call
+// (third_party/jemalloc_rdmalloc.patch, ehooks.h): that guard's two
+// tsd_slow_update() calls cost more than the hooks themselves.
 extent_hooks_t g_hooks __asm__("rdmj_extent_hooks") __attribute__((visibility("hidden"))) = {
     Alloc, Dalloc, Destroy, Commit, Decommit, PurgeLazy, PurgeForced, Split, Merge};
 
