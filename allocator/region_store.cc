@@ -402,7 +402,7 @@ size_t RegionStore::EndLargeBlock(Region* r, void* addr, size_t size, PageMap::B
   // blocks may have left resident: with a sixteenth, sparse_blocks faulted
   // 1.7x as often); one in between (a table touched here and there) is kept
   // whole, as before. Pinned pages are all resident: no mincore, whose
-  // system call cost a loop over registered 16 MiB blocks 1.5 us per block
+  // system call cost a loop over registered 16 MiB blocks 2.4 us per block
   // and, on a kernel that flushes the TLB at every system call, made the
   // program's next ibv_reg_mr 2.5x slower.
   LargeBlockUse use = LargeBlockUse::kFilled;

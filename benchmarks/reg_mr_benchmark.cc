@@ -48,7 +48,7 @@ constexpr size_t kWindowBytes = size_t{4} << 20;
 int g_window = kWindow;
 int WindowFor(size_t size) {
   size_t n = kWindowBytes / size;
-  return n < 1 ? 1 : n > size_t(g_window) ? g_window : static_cast<int>(n);
+  return n < 1 ? 1 : n > static_cast<size_t>(g_window) ? g_window : static_cast<int>(n);
 }
 
 struct Times {
