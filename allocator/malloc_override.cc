@@ -1,17 +1,18 @@
 // rdmalloc's start-up, the malloc family's entry points that are not
 // jemalloc's own, and the access classes' allocation entry points.
 //
-// malloc, calloc, free, new, delete, mallocx, dallocx and sdallocx are
-// jemalloc's functions themselves (third_party/jemalloc_entry_points.txt): a
-// wrapper's extra call cost small-block programs a few percent. What a
+// malloc, calloc, realloc, free, new, delete, mallocx, dallocx and sdallocx
+// are jemalloc's functions themselves (third_party/jemalloc_entry_points.txt):
+// a wrapper's extra call cost small-block programs a few percent. What a
 // wrapper did moved onto jemalloc's slow paths (third_party/
 // jemalloc_rdmalloc.patch): an allocation there starts rdmalloc (rdmj_start)
 // if it has not started, and every free asks rdmj_class_block() once access
 // classes exist and frees class memory past the thread caches (a cached class
 // block would be handed to a plain malloc, putting unrelated data where a
-// peer may read or write it). realloc, rallocx, the aligned family and
-// mallctl keep wrappers here: glibc's answers, class memory staying in its
-// class, the control guard.
+// peer may read or write it); realloc hands a class block to
+// rdmj_class_realloc(). rallocx, the aligned family and mallctl keep
+// wrappers here: glibc's answers, class memory staying in its class, the
+// control guard.
 #include <dlfcn.h>
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
@@ -180,6 +181,7 @@ extern "C" {
 RDMALLOC_WITNESSED(void*, malloc(size_t n), rdmj_malloc(n))
 RDMALLOC_WITNESSED(void*, calloc(size_t n, size_t size), rdmj_calloc(n, size))
 RDMALLOC_WITNESSED(void, free(void* p), rdmj_free(p))
+RDMALLOC_WITNESSED(void*, realloc(void* p, size_t n), rdmj_realloc(p, n))
 RDMALLOC_WITNESSED(void*, mallocx(size_t n, int flags), rdmj_mallocx(n, flags))
 RDMALLOC_WITNESSED(void, dallocx(void* p, int flags), rdmj_dallocx(p, flags))
 RDMALLOC_WITNESSED(void, sdallocx(void* p, size_t n, int flags), rdmj_sdallocx(p, n, flags))
@@ -235,21 +237,19 @@ __attribute__((constructor)) void NoteAnotherMalloc() {
 }  // namespace
 }  // namespace rdmalloc
 
-RDMALLOC_EXPORT void* realloc(void* p, size_t size) {
-  EnsureInitialised();
-  if (unsigned c = ClassOf(p)) {
-    // Stays in its class. size 0 frees, as glibc's realloc does.
-    if (size == 0) {
-      rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
-      return nullptr;
-    }
-    int flags = ClassFlags(c);
-    if (flags < 0) return nullptr;
-    void* q = rdmj_rallocx(p, size, flags);
-    if (q == nullptr) errno = ENOMEM;
-    return q;
+// realloc of a class block, which stays in its class: jemalloc's realloc asks
+// rdmj_class_block() first and leaves it here (jemalloc_rdmalloc.patch).
+// size 0 frees, as glibc's realloc does.
+extern "C" void* rdmj_class_realloc(void* p, size_t size) {
+  if (size == 0) {
+    rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
+    return nullptr;
   }
-  return rdmj_realloc(p, size);
+  int flags = ClassFlags(rdmalloc::TheHeap().AccessClassOf(p));
+  if (flags < 0) return nullptr;
+  void* q = rdmj_rallocx(p, size, flags);
+  if (q == nullptr) errno = ENOMEM;
+  return q;
 }
 
 RDMALLOC_EXPORT void* rdmalloc_alloc(size_t size, unsigned flags) {

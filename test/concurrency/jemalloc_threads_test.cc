@@ -43,6 +43,8 @@ extern "C" {
 int rdmj_init_state = 2;  // ready
 void rdmj_start() {}
 bool rdmj_class_block(const void*) { return false; }
+// Never called: rdmj_class_block() sees no class block.
+void* rdmj_class_realloc(void*, size_t) { abort(); }
 }
 
 namespace rdmalloc {
