@@ -19,6 +19,12 @@ namespace rdmalloc {
 
 RDMALLOC_STARTUP_DATA std::atomic<bool> g_classes_in_use{false};
 
+// The merge hook's answer (true: refused). jemalloc calls it directly for
+// this table (the patch's ehooks_merge): no load of the hook, no indirect
+// call, no unused first argument.
+bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b, bool committed,
+                  unsigned arena_ind) __asm__("rdmj_merge") __attribute__((visibility("hidden")));
+
 namespace {
 
 // MALLOCX_ARENA encodes up to 4095 arenas.
@@ -168,10 +174,17 @@ __attribute__((noinline)) bool MergeLarge(void* addr_a, size_t size_a, void* add
          TheHeap().HeldBlock(a, addr_a, size_a + size_b) == PageMap::Block::kSmall;
 }
 
-// Regions own whole chunks, so extents that meet inside a chunk (b not on a
-// chunk boundary) are in that chunk's region, or both foreign.
 bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
            bool committed, unsigned arena_ind) {
+  return MergeRefused(addr_a, size_a, addr_b, size_b, committed, arena_ind);
+}
+
+}  // namespace
+
+// Regions own whole chunks, so extents that meet inside a chunk (b not on a
+// chunk boundary) are in that chunk's region, or both foreign.
+bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b, bool committed,
+                  unsigned arena_ind) {
   if (size_a + size_b >= kSmallBlocksCoalesceBelow)
     return MergeLarge(addr_a, size_a, addr_b, size_b, committed, arena_ind);
   if ((reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) != 0 &&
@@ -179,8 +192,6 @@ bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t si
     return false;
   return MergeUnguessed(addr_a, size_a, addr_b, size_b, committed, arena_ind);
 }
-
-}  // namespace
 
 // Named for jemalloc, which calls this table's merge hook without its
 // reentrancy guard, and answers for its split hook without a call
