@@ -6,7 +6,7 @@
 // a wrapper's extra call cost small-block programs a few percent. What a
 // wrapper did moved onto jemalloc's slow paths (third_party/
 // jemalloc_rdmalloc.patch): an allocation there starts rdmalloc (rdmj_start)
-// if it has not started, and every free asks rdmj_class_block() once access
+// if it has not started, and every free asks rdmj_access_class() once access
 // classes exist and frees class memory past the thread caches (a cached class
 // block would be handed to a plain malloc, putting unrelated data where a
 // peer may read or write it); realloc hands a class block to
@@ -133,8 +133,8 @@ extern "C" void rdmj_start() {
   rdmalloc::EnsureInitialisedSlow();
 }
 
-extern "C" bool rdmj_class_block(const void* p) {
-  return p != nullptr && rdmalloc::TheHeap().AccessClassOf(p) != 0;
+extern "C" unsigned rdmj_access_class(const void* p) {
+  return p == nullptr ? 0 : rdmalloc::TheHeap().AccessClassOf(p);
 }
 
 namespace {
@@ -238,14 +238,14 @@ __attribute__((constructor)) void NoteAnotherMalloc() {
 }  // namespace rdmalloc
 
 // realloc of a class block, which stays in its class: jemalloc's realloc asks
-// rdmj_class_block() first and leaves it here (jemalloc_rdmalloc.patch).
-// size 0 frees, as glibc's realloc does.
-extern "C" void* rdmj_class_realloc(void* p, size_t size) {
+// rdmj_access_class() first and leaves it here with the answer
+// (jemalloc_rdmalloc.patch). size 0 frees, as glibc's realloc does.
+extern "C" void* rdmj_class_realloc(void* p, size_t size, unsigned access_class) {
   if (size == 0) {
     rdmj_dallocx(p, MALLOCX_TCACHE_NONE);
     return nullptr;
   }
-  int flags = ClassFlags(rdmalloc::TheHeap().AccessClassOf(p));
+  int flags = ClassFlags(access_class);
   if (flags < 0) return nullptr;
   void* q = rdmj_rallocx(p, size, flags);
   if (q == nullptr) errno = ENOMEM;

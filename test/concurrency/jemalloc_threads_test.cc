@@ -42,9 +42,9 @@ const char* GetEnv(const char* name) { return getenv(name); }
 extern "C" {
 int rdmj_init_state = 2;  // ready
 void rdmj_start() {}
-bool rdmj_class_block(const void*) { return false; }
-// Never called: rdmj_class_block() sees no class block.
-void* rdmj_class_realloc(void*, size_t) { abort(); }
+unsigned rdmj_access_class(const void*) { return 0; }
+// Never called: rdmj_access_class() sees no class block.
+void* rdmj_class_realloc(void*, size_t, unsigned) { abort(); }
 }
 
 namespace rdmalloc {
