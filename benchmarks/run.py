@@ -182,6 +182,79 @@ def scaling(rounds):
     return rows
 
 
+# Instructions: each workload once per allocator under callgrind, at 1 thread
+# and a small scale (callgrind runs a program 50-100 times slower). What a
+# program executes in user space does not depend on the machine's load, so
+# the counts show differences of a fraction of a percent, where the timed
+# ratios swing by tens of percent between two identical allocators. They do
+# not show cache misses, page faults or time in the kernel: large_blocks'
+# lead over jemalloc, page faults not taken, barely shows in them. A second
+# copy of jemalloc is counted too: its distance from the first is what is
+# left of timing in the counts (jemalloc's decay purges by the clock).
+INSTRUCTION_SCALES = {"larson": 0.05, "xmalloc": 0.05, "cache_scratch": 0.05, "mstress": 0.05,
+                      "small_loop": 0.05, "large_blocks": 0.05, "sparse_blocks": 0.05,
+                      "extent_churn": 0.2}
+
+
+def count_instructions(binary, args, allocator):
+    """(instructions, operations) of one run under callgrind; LD_PRELOAD goes through env(1),
+    so that valgrind's own launcher does not load the allocator."""
+    lib = preload(allocator)
+    cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes", "--callgrind-out-file=/dev/null",
+           "env"] + ([f"LD_PRELOAD={lib}"] if lib else []) + [binary] + args
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    collected = re.findall(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode != 0 or not collected:
+        raise RuntimeError(f"callgrind {binary} {args} under {allocator} failed: "
+                           f"status {proc.returncode}\n{proc.stderr[-2000:]}")
+    fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+    return int(collected[-1]), int(fields["ops"])
+
+
+def instructions():
+    rows = []
+    for name in WORKLOADS:
+        binary = os.path.join(BIN, "benchmarks", "workloads", name)
+        scale = INSTRUCTION_SCALES[name]
+        fresh_copies(WORKLOAD_ALLOCATORS)
+        row = {"workload": name, "scale": scale}
+        for a in WORKLOAD_ALLOCATORS:
+            row[a], row[a + "_ops"] = count_instructions(binary, ["1", str(scale)], a)
+        if len({row[a + "_ops"] for a in WORKLOAD_ALLOCATORS}) != 1:
+            raise RuntimeError(f"{name}: operation counts differ between allocators: {row}")
+        rows.append(row)
+        print(f"instructions {name:14s} " + " ".join(f"{a}={row[a]:,}" for a in WORKLOAD_ALLOCATORS)
+              + f" rdm/jem={row['rdmalloc'] / row['jemalloc']:.4f}", flush=True)
+    return rows
+
+
+def instruction_table(L, rows, git):
+    L.append("## Instructions executed (callgrind)\n")
+    L.append("Each workload once per allocator under valgrind's callgrind, at 1 thread and the "
+             "scale shown (`valgrind --tool=callgrind env LD_PRELOAD=LIB WORKLOAD 1 SCALE`), "
+             f"rdmalloc {git}: every instruction the process executes in user space, the "
+             "workload's own included. Unlike the times above, these counts do not depend on the "
+             "machine's load, so they show differences of a fraction of a percent. They leave out "
+             "cache misses, page faults and the kernel's time (large_blocks' lead, page faults "
+             "not taken, is not in them). *A/A* is a second copy of jemalloc: what is left of "
+             "timing in the counts (jemalloc's decay purges by the clock). *extra per op* is "
+             "(rdmalloc − jemalloc) / operations.\n")
+    L.append("| workload | scale | operations | glibc | jemalloc | rdmalloc | "
+             "rdmalloc / jemalloc | A/A | extra per op | rdmalloc / glibc |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ops = r["rdmalloc_ops"]
+        L.append(f"| {r['workload']} | {r['scale']:g} | {ops:,} | {r['glibc'] / 1e6:,.1f} M | "
+                 f"{r['jemalloc'] / 1e6:,.1f} M | {r['rdmalloc'] / 1e6:,.1f} M | "
+                 f"**{r['rdmalloc'] / r['jemalloc']:.4f}** | "
+                 f"{r[JEMALLOC_AGAIN] / r['jemalloc']:.4f} | "
+                 f"{(r['rdmalloc'] - r['jemalloc']) / ops:+.1f} | "
+                 f"{r['rdmalloc'] / r['glibc']:.3f} |")
+    L.append("")
+
+
 # Short-lived programs: what an allocator costs up front. Whole runs timed
 # (wall clock, fork to exit) and their own peak RSS (spawn_rss.cc says why
 # not this process's wait4), interleaved per allocator.
@@ -525,6 +598,8 @@ def write_markdown(path, res):
                     if beyond else "none is below every round of its own A/A control") + ".\n")
     else:
         L.append("")
+    if res.get("instructions"):
+        instruction_table(L, res["instructions"], res.get("instructions_git", res["git"]))
     if res.get("startup"):
         L.append("## Short-lived programs\n")
         L.append("Whole runs, fork to exit (wall clock), and peak RSS, median of "
@@ -635,6 +710,8 @@ def main():
                     help="run only the ibv_reg_mr section (in the VM) into docs/benchmarks.json")
     ap.add_argument("--only-mpi", action="store_true",
                     help="run only the MPI-over-UCX section (in the VM) into docs/benchmarks.json")
+    ap.add_argument("--only-instructions", action="store_true",
+                    help="run only the callgrind instruction counts into docs/benchmarks.json")
     ap.add_argument("--mpi-iters", type=int, default=10)
     args = ap.parse_args()
     if args.render_only:
@@ -644,10 +721,12 @@ def main():
     global BIN
     # One section anew, into the saved results: (its target, its key, how to run it).
     only = {"mpi": ("//examples/mpi:mpi_pingpong", lambda: mpi_vm(args.mpi_iters)),
+            "instructions": ("//benchmarks/workloads/...", instructions),
             "reg_mr": ("//benchmarks:reg_mr_benchmark",
                        lambda: dict(reg_mr_vm(args.min_time),
                                     native=reg_mr_native(args.min_time)))}
-    section = "mpi" if args.only_mpi else "reg_mr" if args.only_reg_mr else None
+    section = ("mpi" if args.only_mpi else "reg_mr" if args.only_reg_mr else
+               "instructions" if args.only_instructions else None)
     if section is not None:
         target, run_section = only[section]
         subprocess.run(["bazel", "build", "-c", "opt", target, "//allocator:librdmalloc.so",
@@ -667,6 +746,7 @@ def main():
                    cwd=ROOT, check=True)
     BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
     rows = workloads(args.rounds, [int(t) for t in args.threads.split(",")])
+    instruction_rows = instructions()
     scale_rows = scaling(args.rounds)
     start_rows = startup(args.startup_runs)
     per, keys, steady = message_path(args.min_time)
@@ -683,7 +763,7 @@ def main():
         "rounds": args.rounds, "started": f"{started:%Y-%m-%d %H:%M}",
         "git": sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip(),
         "machine": f"{os.cpu_count()} cores ({cpu}), {platform.release()} kernel, glibc {platform.libc_ver()[1]}",
-        "rows": rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
+        "rows": rows, "instructions": instruction_rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
         "per": per, "keys": keys, "steady": steady, "look": look,
         "vm": [vm[0], vm[1]] if vm else None, "reg_mr": reg_mr, "mpi": mpi,
     }
