@@ -162,6 +162,15 @@ void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {
   apply(last, Bits(0, end - last * 64));
 }
 
+size_t PageMap::NextDirtyFree(size_t p, Which which, bool dirty_free) const {
+  uint64_t flip = dirty_free ? 0 : ~uint64_t{0};
+  uint64_t untouched_flip = which == Which::kUntouched ? 0 : ~uint64_t{0};
+  return NextBit(p, npages_, [=](size_t i) {
+    uint64_t kind = which == Which::kAll ? ~uint64_t{0} : untouched_[i] ^ untouched_flip;
+    return (dirty_[i] & ~used_[i] & kind) ^ flip;
+  });
+}
+
 size_t PageMap::NextWithUsed(size_t p, bool used) const {
   uint64_t flip = used ? 0 : ~uint64_t{0};
   return NextBit(p, npages_, [this, flip](size_t i) { return used_[i] ^ flip; });

@@ -113,10 +113,10 @@ class PageMap {
   size_t CountSet(const uint64_t* bits, size_t first, size_t n) const;
   static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
   static bool Bit(const uint64_t* bits, size_t p) { return (bits[p / 64] >> (p % 64)) & 1; }
-  bool DirtyFree(size_t p, Which which) const {
-    if (!Bit(dirty_, p) || Bit(used_, p)) return false;
-    return which == Which::kAll || Bit(untouched_, p) == (which == Which::kUntouched);
-  }
+  // The first page at or after p that is (or is not) free, dirty and of
+  // `which` kind; npages() if none. A word at a time: the untouched sweep
+  // runs it over every region under its shard's lock.
+  size_t NextDirtyFree(size_t p, Which which, bool dirty_free) const;
   // Resident pages (dirty, not untouched) of [first, first+n).
   size_t CountResident(size_t first, size_t n) const;
   // Free dirty pages [first, first+n) were purged: they read as zero again.
@@ -143,13 +143,11 @@ size_t PageMap::PurgeDirtyFree(Purge purge, size_t max_pages, Which which) {
     return (which != Which::kUntouched && dirty_free_pages_ > 0) ||
            (which != Which::kResident && untouched_free_pages_ > 0);
   };
-  for (size_t p = 0; p < npages_ && left() && purged < max_pages;) {
-    if (!DirtyFree(p, which)) {
-      p++;
-      continue;
-    }
-    size_t end = p + 1;
-    while (end < npages_ && end - p < max_pages - purged && DirtyFree(end, which)) end++;
+  for (size_t p = 0; left() && purged < max_pages;) {
+    p = NextDirtyFree(p, which, true);
+    if (p == npages_) break;
+    size_t end = NextDirtyFree(p + 1, which, false);
+    if (end - p > max_pages - purged) end = p + (max_pages - purged);
     if (purge(p, end - p)) purged += Purged(p, end - p);
     p = end;
   }

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace rdmalloc {
 namespace {
@@ -36,15 +37,27 @@ constexpr size_t kWindowPages = 256;  // 1 MiB
 
 // Resident pages of the n <= kWindowPages pages at addr, SIZE_MAX if
 // unknown; *end, if given, gets one past the last resident one.
+// mincore's bytes are read 8 at a time (bit 0 of each: resident; the other
+// bits are undefined): a byte loop was a fifth of sparse_blocks'
+// instructions under callgrind.
 size_t ResidentPages(const char* addr, size_t n, size_t* end = nullptr) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "page i+7 is the high byte");
+  constexpr uint64_t kLowBits = 0x0101010101010101ull;
   unsigned char vec[kWindowPages];
   if (mincore(const_cast<char*>(addr), n << kPageShift, vec) != 0) return SIZE_MAX;
-  size_t resident = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!(vec[i] & 1)) continue;
-    resident++;
-    if (end != nullptr) *end = i + 1;
+  size_t resident = 0, last = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t bytes;
+    memcpy(&bytes, vec + i, 8);
+    bytes &= kLowBits;
+    if (bytes == 0) continue;
+    resident += (bytes * kLowBits) >> 56;  // the sum of the eight 0/1 bytes
+    last = i + (63 - __builtin_clzll(bytes)) / 8 + 1;
   }
+  for (; i < n; i++) {
+    if (vec[i] & 1) resident++, last = i + 1;
+  }
+  if (end != nullptr && resident != 0) *end = last;
   return resident;
 }
 

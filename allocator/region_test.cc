@@ -309,13 +309,28 @@ struct Model {
     if (used[i] || !dirty[i]) return false;
     return which == PageMap::Which::kAll || untouched[i] == (which == PageMap::Which::kUntouched);
   }
-  size_t PurgeDirtyFree(PageMap::Which which) {
+  // Page at a time: runs of purgeable pages in address order, while pages
+  // of the kind are left and fewer than max_pages resident ones were purged;
+  // a run is cut to max_pages less those.
+  size_t PurgeDirtyFree(PageMap::Which which, size_t max_pages) {
+    auto left = [&] {
+      return (which != PageMap::Which::kUntouched && DirtyFree() > 0) ||
+             (which != PageMap::Which::kResident && UntouchedFree() > 0);
+    };
     size_t d = 0;
-    for (size_t i = 0; i < npages(); i++) {
-      if (Purgeable(i, which)) {
-        d += !untouched[i];
+    for (size_t i = 0; i < npages() && left() && d < max_pages;) {
+      if (!Purgeable(i, which)) {
+        i++;
+        continue;
+      }
+      size_t end = i;
+      while (end < npages() && end - i < max_pages - d && Purgeable(end, which)) end++;
+      size_t run_resident = 0;
+      for (; i < end; i++) {
+        run_resident += !untouched[i];
         dirty[i] = untouched[i] = false;
       }
+      d += run_resident;
     }
     return d;
   }
@@ -361,18 +376,22 @@ void RunRandom(size_t npages, uint64_t seed, int steps) {
           << "Take(" << want << "," << n << ")";
       ASSERT_EQ(dirty, want_dirty);
     } else if (op == 9 && rnd(0, 3) == 0) {
-      // Purge every run of free dirty pages of a kind, each one whole.
+      // Purge runs of free dirty pages of a kind, each one whole, or up to
+      // a budget.
       auto which = static_cast<PageMap::Which>(rnd(0, 2));
+      size_t max_pages = rnd(0, 1) == 0 ? SIZE_MAX : rnd(1, npages);
       size_t purged = m.PurgeDirtyFree(
           [&](size_t first, size_t len) {
             for (size_t i = first; i < first + len; i++) {
               if (!model.Purgeable(i, which)) return false;
             }
-            if (first > 0 && model.Purgeable(first - 1, which)) return false;  // not maximal
+            // Not maximal (a run cut to the budget may go on past it).
+            if (max_pages == SIZE_MAX && first > 0 && model.Purgeable(first - 1, which))
+              return false;
             return true;
           },
-          SIZE_MAX, which);
-      ASSERT_EQ(purged, model.PurgeDirtyFree(which));
+          max_pages, which);
+      ASSERT_EQ(purged, model.PurgeDirtyFree(which, max_pages)) << "max_pages=" << max_pages;
     } else if (op < 9) {
       // Give back a used run starting at a random used page.
       size_t p = rnd(0, npages - 1);

@@ -191,8 +191,8 @@ def scaling(rounds):
 # lead over jemalloc, page faults not taken, barely shows in them. A second
 # copy of jemalloc is counted too: its distance from the first is what is
 # left of timing in the counts (jemalloc's decay purges by the clock).
-INSTRUCTION_SCALES = {"larson": 0.05, "xmalloc": 0.05, "cache_scratch": 0.05, "mstress": 0.05,
-                      "small_loop": 0.05, "large_blocks": 0.05, "sparse_blocks": 0.05,
+INSTRUCTION_SCALES = {"larson": 0.05, "xmalloc": 0.05, "cache_scratch": 0.02, "mstress": 0.05,
+                      "small_loop": 0.05, "large_blocks": 0.1, "sparse_blocks": 0.25,
                       "extent_churn": 0.2}
 
 
