@@ -211,7 +211,7 @@ unsigned ClassArena(unsigned access_class) {
   if (ind == 0 || ind >= kMaxArenas) return 0;
   g_arena_class[ind].store(static_cast<uint8_t>(access_class), std::memory_order_release);
   g_classes_in_use.store(true, std::memory_order_seq_cst);
-  rdmj_classes_started();
+  rdmj_recompute_fast_paths();
   g_class_arena[access_class].store(ind, std::memory_order_release);
   return ind;
 }

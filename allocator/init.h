@@ -11,8 +11,10 @@ namespace rdmalloc {
 // kForked: a fork child's first allocation or rdmalloc_* call restarts what
 // did not survive fork (the release thread), outside jemalloc and our locks.
 enum : int { kUninitialised = 0, kInitialising = 1, kReady = 2, kForked = 3 };
-// jemalloc's allocation slow path reads it under this name and calls
-// rdmj_start() unless it is kReady (third_party/jemalloc_rdmalloc.patch).
+// jemalloc reads it under this name (third_party/jemalloc_rdmalloc.patch):
+// every thread is on its slow paths unless it is kReady, and an allocation's
+// slow path calls rdmj_start() then. Whoever changes it makes every thread
+// recompute (rdmj_recompute_fast_paths).
 extern std::atomic<int> g_init_state __asm__("rdmj_init_state") __attribute__((visibility("hidden")));
 static_assert(kReady == 2, "third_party/jemalloc_rdmalloc.patch tests for 2");
 static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free,

@@ -51,14 +51,12 @@ void* je_b0get();
 extent_hooks_t* je_base_extent_hooks_set(void* base, extent_hooks_t* hooks);
 
 // From third_party/jemalloc_rdmalloc.patch: whether this thread runs inside
-// jemalloc (an extent hook), and every thread's fast paths off (true) or back
-// on (false), which jemalloc counts.
+// jemalloc (an extent hook), and every thread recomputes its fast paths
+// before its next allocation or free: after the start-up state or
+// g_classes_in_use changes (a thread is slow while rdmalloc is not ready, and
+// has no free fast path once classes exist); API context.
 bool rdmj_in_jemalloc();
-void rdmj_all_slow_paths(bool on);
-// Access classes now exist: every thread's free fast path off for good, so
-// that free's class check lives on its slow path. After g_classes_in_use is
-// set, before class memory is handed out; API context.
-void rdmj_classes_started();
+void rdmj_recompute_fast_paths();
 
 void* rdmj_malloc(size_t size);
 void* rdmj_calloc(size_t n, size_t size);

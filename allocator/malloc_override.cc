@@ -86,12 +86,13 @@ void WaitForInitialisation() {
     sched_yield();
 }
 
-// The child's next allocation must reach rdmj_start: every fast path is off
-// until the restart (an allocation that finds a thread cache's block would not).
+// The child's next allocation must reach rdmj_start: while the state is not
+// ready, every fast path is off (an allocation that finds a thread cache's
+// block would not reach it).
 void ForkChildRestart() {
   if (g_init_state.load(std::memory_order_relaxed) != kReady) return;
-  g_init_state.store(kForked, std::memory_order_relaxed);
-  rdmj_all_slow_paths(true);
+  g_init_state.store(kForked, std::memory_order_release);
+  rdmj_recompute_fast_paths();
 }
 
 }  // namespace
@@ -105,13 +106,11 @@ void EnsureInitialisedSlow() {
   int expected = s == kForked ? kForked : kUninitialised;
   if (g_init_state.compare_exchange_strong(expected, kInitialising)) {
     g_init_thread = pthread_self();
-    if (s == kForked) {
-      TheHeap().EnsureReleaseThread();
-      rdmj_all_slow_paths(false);
-    } else {
-      Initialise();
-    }
+    if (s == kForked) TheHeap().EnsureReleaseThread();
+    else Initialise();
     g_init_state.store(kReady, std::memory_order_release);
+    // Every thread was kept on jemalloc's slow paths until now.
+    rdmj_recompute_fast_paths();
     return;
   }
   while (g_init_state.load(std::memory_order_acquire) != kReady) sched_yield();
