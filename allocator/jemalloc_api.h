@@ -57,6 +57,8 @@ extent_hooks_t* je_base_extent_hooks_set(void* base, extent_hooks_t* hooks);
 // has no free fast path once classes exist); API context.
 bool rdmj_in_jemalloc();
 void rdmj_recompute_fast_paths();
+// Whether this thread's allocations take jemalloc's fast paths (tests).
+bool rdmj_thread_fast();
 
 void* rdmj_malloc(size_t size);
 void* rdmj_calloc(size_t n, size_t size);

@@ -92,6 +92,38 @@ TEST(BackgroundThreads, EveryBlockOfEverySmallClassLiesInTheHeap) {
   }
 }
 
+// Every thread is on jemalloc's slow paths while rdmalloc is not ready, so
+// that only they check for its start (third_party/jemalloc_rdmalloc.patch,
+// tsd_global_slow). Once it is ready every thread must be fast again, or
+// every malloc of the process would take the slow path; a fork child is
+// slow until its first allocation restarts it, then fast.
+TEST(StartUp, ThreadsAreFastOnceReadyAndAForkChildOnceRestarted) {
+  // Through a volatile pointer: the compiler drops a malloc whose block is
+  // only freed.
+  auto allocate = [] {
+    void* volatile p = malloc(100);
+    free(p);
+  };
+  allocate();
+  EXPECT_TRUE(rdmj_thread_fast()) << "the main thread, rdmalloc started";
+  bool fast = false;
+  std::thread([&] {
+    allocate();
+    fast = rdmj_thread_fast();
+  }).join();
+  EXPECT_TRUE(fast) << "a new thread after its first malloc";
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (rdmj_thread_fast()) _exit(1);
+    allocate();
+    _exit(rdmj_thread_fast() ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the child was fast before its restart, 2: slow after it";
+}
+
 TEST(ForkProtocol, BackgroundThreadsRunningInsideTheHooks) {
   bool background = false;
   size_t len = sizeof background;
