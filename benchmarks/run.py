@@ -232,7 +232,8 @@ def instructions():
 
 def instruction_table(L, rows, git):
     L.append("## Instructions executed (callgrind)\n")
-    L.append("Each workload once per allocator under valgrind's callgrind, at 1 thread and the "
+    L.append("Each workload once per allocator under valgrind's callgrind, at 1 thread (xmalloc: "
+             "one producer and one consumer, whose interleaving the A/A column shows) and the "
              "scale shown (`valgrind --tool=callgrind env LD_PRELOAD=LIB WORKLOAD 1 SCALE`), "
              f"rdmalloc {git}: every instruction the process executes in user space, the "
              "workload's own included. Unlike the times above, these counts do not depend on the "
