@@ -112,7 +112,6 @@ class PageMap {
   bool AnySet(const uint64_t* bits, size_t first, size_t n) const;
   size_t CountSet(const uint64_t* bits, size_t first, size_t n) const;
   static void SetRange(uint64_t* bits, size_t first, size_t n, bool value);
-  static bool Bit(const uint64_t* bits, size_t p) { return (bits[p / 64] >> (p % 64)) & 1; }
   // The first page at or after p that is (or is not) free, dirty and of
   // `which` kind; npages() if none. A word at a time: the untouched sweep
   // runs it over every region under its shard's lock.
