@@ -7,7 +7,7 @@
 
 #include "allocator/fork.h"
 #include "allocator/jemalloc_api.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 #include "allocator/startup_data.h"
 
 namespace rdmalloc {
@@ -35,7 +35,7 @@ std::atomic<bool> g_internal[kMaxArenas];
 
 // Check, then act, as one step: no arena can be destroyed and made anew
 // between the guard's look at its hooks and the write.
-RDMALLOC_STARTUP_DATA SpinLock<LockRank::kControl> g_control_lock;
+RDMALLOC_STARTUP_DATA Mutex<LockRank::kControl> g_control_lock;
 
 void ForkPrepare() { g_control_lock.Lock(); }
 void ForkParent() { g_control_lock.Unlock(); }
@@ -76,7 +76,7 @@ bool Internal(size_t arena) {
 
 int Guarded(const size_t* mib, size_t miblen, void* oldp, size_t* oldlenp, void* newp,
             size_t newlen) {
-  SpinLockGuard g(g_control_lock);
+  LockGuard g(g_control_lock);
   if (Is(g_create, mib, miblen) && newp == nullptr) {
     extent_hooks_t* ours = g_ours;
     return rdmj_mallctlbymib(mib, miblen, oldp, oldlenp, &ours, sizeof ours);
@@ -127,7 +127,7 @@ std::atomic<bool> g_resolved{false};
 
 void Resolve() {
   if (g_resolved.load(std::memory_order_acquire)) return;
-  SpinLockGuard g(g_control_lock);
+  LockGuard g(g_control_lock);
   if (g_resolved.load(std::memory_order_relaxed)) return;
   size_t len = sizeof g_automatic_arenas;
   rdmj_mallctl("opt.narenas", &g_automatic_arenas, &len, nullptr, 0);
@@ -156,7 +156,7 @@ void InitArenaControl(extent_hooks_t* ours, extent_hooks_t* defaults, void (*giv
 
 unsigned CreateArena(extent_hooks_t* hooks, bool internal) {
   Resolve();
-  SpinLockGuard g(g_control_lock);
+  LockGuard g(g_control_lock);
   unsigned ind = 0;
   size_t len = sizeof ind;
   if (rdmj_mallctlbymib(g_create.v, g_create.len, &ind, &len, &hooks, sizeof hooks) != 0 ||

@@ -12,7 +12,7 @@
 #include "allocator/log.h"
 #include "allocator/jemalloc_api.h"
 #include "allocator/lock_order.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 #include "allocator/startup_data.h"
 
 namespace rdmalloc {
@@ -31,7 +31,7 @@ namespace {
 constexpr unsigned kMaxArenas = 4096;
 std::atomic<uint8_t> g_arena_class[kMaxArenas];
 RDMALLOC_STARTUP_DATA std::atomic<unsigned> g_class_arena[kAccessClasses];
-RDMALLOC_STARTUP_DATA SpinLock<LockRank::kClassArenas> g_class_lock;
+RDMALLOC_STARTUP_DATA Mutex<LockRank::kClassArenas> g_class_lock;
 
 // Until a class arena exists (ClassArena sets its entry first), every arena
 // is the plain heap's, and the table's page is never touched.
@@ -204,7 +204,7 @@ unsigned ClassArena(unsigned access_class) {
   if (access_class == 0 || access_class >= kAccessClasses) return 0;
   unsigned a = g_class_arena[access_class].load(std::memory_order_acquire);
   if (a != 0) return a;
-  SpinLockGuard g(g_class_lock);
+  LockGuard g(g_class_lock);
   a = g_class_arena[access_class].load(std::memory_order_relaxed);
   if (a != 0) return a;
   unsigned ind = CreateArena(&g_hooks, /*internal=*/true);

@@ -397,7 +397,7 @@ size_t Heap::HoldRange(const void* addr, size_t len, Region** held, size_t max) 
 int Heap::AddDomain(ibv_pd* pd, int access) {
   EnsureBackend();
   EnsureReleaseThread();
-  SpinLockGuard g(regs_.lock());
+  LockGuard g(regs_.lock());
   int slot = 0;
   int rc = regs_.AddDomain(pd, access, &slot);
   if (rc == RDMALLOC_OK && regs_.eager()) RegisterAllLive(slot);
@@ -405,7 +405,7 @@ int Heap::AddDomain(ibv_pd* pd, int access) {
 }
 
 int Heap::RemoveDomain(ibv_pd* pd) {
-  SpinLockGuard g(regs_.lock());
+  LockGuard g(regs_.lock());
   int d = 0;
   int rc = regs_.BeginRemove(pd, &d);
   if (rc != RDMALLOC_OK) return rc;

@@ -21,7 +21,7 @@ namespace rdmalloc {
 
 enum class LockRank : uint8_t {
   // rdmalloc's one-time start (and its restart in a fork child): other
-  // threads wait for it, and it calls jemalloc. Not a SpinLock.
+  // threads wait for it, and it calls jemalloc. Not a Mutex.
   kInit = 0,
   // Held while calling jemalloc (they may malloc, or make arenas).
   kClassArenas = 1,  // making an access class's arena (arenas.create)

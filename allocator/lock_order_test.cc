@@ -6,16 +6,16 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 namespace {
 
 TEST(LockOrder, AscendingRanksAreAllowed) {
-  SpinLock<LockRank::kApi> api;
-  SpinLock<LockRank::kRegion> region;
-  SpinLock<LockRank::kHeap> heap;
-  SpinLock<LockRank::kReleaseQueue> queue;
+  Mutex<LockRank::kApi> api;
+  Mutex<LockRank::kRegion> region;
+  Mutex<LockRank::kHeap> heap;
+  Mutex<LockRank::kReleaseQueue> queue;
   api.Lock();
   region.Lock();
   witness::CallingJemalloc();  // ibv_reg_mr mallocs under reg_lock: allowed
@@ -29,8 +29,8 @@ TEST(LockOrder, AscendingRanksAreAllowed) {
 
 TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
   auto heap_then_api = [] {
-    SpinLock<LockRank::kHeap> heap;
-    SpinLock<LockRank::kApi> api;
+    Mutex<LockRank::kHeap> heap;
+    Mutex<LockRank::kApi> api;
     heap.Lock();
     api.Lock();
   };
@@ -40,8 +40,8 @@ TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
 
 TEST(LockOrder, TwoLocksOfOneRankAbort) {
   auto two_regions = [] {
-    SpinLock<LockRank::kRegion> a;
-    SpinLock<LockRank::kRegion> b;
+    Mutex<LockRank::kRegion> a;
+    Mutex<LockRank::kRegion> b;
     a.Lock();
     b.Lock();
   };
@@ -52,7 +52,7 @@ TEST(LockOrder, TwoLocksOfOneRankAbort) {
 TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
   EXPECT_DEATH(
       {
-        SpinLock<LockRank::kHeap> heap;
+        Mutex<LockRank::kHeap> heap;
         heap.Lock();
         witness::CallingJemalloc();
       },
@@ -60,7 +60,7 @@ TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
 }
 
 TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
-  SpinLock<LockRank::kRegion> region;
+  Mutex<LockRank::kRegion> region;
   {
     HookScope in_jemalloc;
     ASSERT_TRUE(region.TryLock());  // TryLock never waits: allowed
@@ -75,8 +75,8 @@ TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
 }
 
 TEST(LockOrder, AForkChildForgetsWhatItHeld) {
-  SpinLock<LockRank::kHeap> heap;
-  SpinLock<LockRank::kApi> api;
+  Mutex<LockRank::kHeap> heap;
+  Mutex<LockRank::kApi> api;
   heap.Lock();
   heap.ResetAfterFork();
   witness::ForgetHeld();

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 
@@ -195,7 +195,7 @@ struct alignas(64) Region {
 
   // Registration. reg_lock serialises registering, deregistering, purging and
   // releasing. Hook context only ever TryLocks it (see Heap::RunRelease).
-  SpinLock<LockRank::kRegion> reg_lock;
+  Mutex<LockRank::kRegion> reg_lock;
   std::atomic<bool> release_wanted{false};
   std::atomic<int> registrations{0};
 

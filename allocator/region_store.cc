@@ -193,7 +193,7 @@ bool RegionStore::Carve(unsigned arena, unsigned access_class, void* new_addr, s
 }
 
 Region* RegionStore::TakeDescriptor() {
-  SpinLockGuard g(pool_lock_);
+  LockGuard g(pool_lock_);
   if (free_descriptors_ != nullptr) {
     Region* r = free_descriptors_;
     free_descriptors_ = r->next;
@@ -213,7 +213,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   Shard& s = shards_[shard];
   size_t grow;
   {
-    SpinLockGuard g(s.lock);
+    LockGuard g(s.lock);
     grow = std::min(kChunkSize << s.doublings[access_class], region_size_);
   }
   // A shared region has room for the request and as much again, up to the
@@ -267,7 +267,7 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   // Live from here on: a concurrent RemoveDomain scan sees it (seq_cst).
   r->seq.fetch_add(1);
   {
-    SpinLockGuard g(s.lock);
+    LockGuard g(s.lock);
     Region** link = &s.regions;
     while (*link != nullptr && (*link)->begin() < r->begin()) link = &(*link)->next;
     r->next = *link;
@@ -443,7 +443,7 @@ void RegionStore::CountHeldLocked(Shard& s) {
 // for why no release can pass a hold unseen.
 RegionStore::Gave RegionStore::DropLast(Region* r) {
   Shard& s = shards_[r->shard];
-  SpinLockGuard g(s.lock);
+  LockGuard g(s.lock);
   // In use again, released meanwhile, or within the bound.
   if (!r->kept.load(std::memory_order_relaxed) || !(r->seq.load() & 1)) return Gave::kInUse;
   if (!OverRetain()) return Gave::kKept;
@@ -479,7 +479,7 @@ Region* RegionStore::TakeKept() {
 
 size_t RegionStore::PurgeFree(Region* r, uint64_t seq, size_t max_bytes, PageMap::Which which) {
   Shard& s = shards_[r->shard.load(std::memory_order_relaxed)];
-  SpinLockGuard g(s.lock);
+  LockGuard g(s.lock);
   // The same life of the descriptor, so also the shard just locked.
   if (r->seq.load() != seq || !(seq & 1) || r->mr_holds.load() > 0) return 0;
   size_t max_pages = max_bytes == SIZE_MAX ? SIZE_MAX : (max_bytes + kPageSize - 1) >> kPageShift;
@@ -507,7 +507,7 @@ void RegionStore::Recycle(Region* r) {
   r->page_words = nullptr;
   r->base.store(0, std::memory_order_relaxed);
   r->size.store(0, std::memory_order_relaxed);
-  SpinLockGuard g(pool_lock_);
+  LockGuard g(pool_lock_);
   r->next = free_descriptors_;
   free_descriptors_ = r;
 }
@@ -517,7 +517,7 @@ bool RegionStore::ReadPages(Region* r, size_t* pages, size_t* in_use) {
   // live one's page map only changes under its shard's lock.
   if (!(r->seq.load() & 1)) return false;
   Shard& s = shards_[r->shard];
-  SpinLockGuard g(s.lock);
+  LockGuard g(s.lock);
   if (!(r->seq.load() & 1)) return false;
   *pages = r->pages.npages();
   *in_use = r->pages.used_pages();

@@ -19,7 +19,7 @@
 
 #include "allocator/region.h"
 #include "allocator/region_map.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 
@@ -228,7 +228,7 @@ class RegionStore {
   Gave DropLast(Region* r);
   enum class LargeBlockUse : uint8_t { kUnknown, kFilled, kPartial, kSparse };
   struct alignas(64) Shard {
-    SpinLock<LockRank::kHeap> lock;
+    Mutex<LockRank::kHeap> lock;
     Region* regions = nullptr;  // by address
     // A shared region of each access class is kChunkSize << doublings[class]
     // bytes, up to region_size_: the first regions stay small.
@@ -277,7 +277,7 @@ class RegionStore {
   bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0}, untouched_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
-  SpinLock<LockRank::kHeap> pool_lock_;  // never held with a shard lock
+  Mutex<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
   std::atomic<size_t> descriptors_used_{0};
   std::atomic<uint64_t> bytes_mapped_{0}, regions_created_{0}, regions_released_{0},

@@ -56,7 +56,7 @@ void Registrations::ChooseBackend() {
 
 int Registrations::EnsureBackend() {
   if (backend_ready_.load(std::memory_order_acquire)) return backend_err_;
-  SpinLockGuard g(lock_);
+  LockGuard g(lock_);
   if (backend_ready_.load(std::memory_order_relaxed)) return backend_err_;
   if (kind_ == Kind::kVerbs) {
     VerbsApi api;

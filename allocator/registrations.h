@@ -14,7 +14,7 @@
 #include "allocator/config.h"
 #include "allocator/rdmalloc.h"
 #include "allocator/region.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 #include "verbs/registrar.h"
 
 namespace rdmalloc {
@@ -127,7 +127,7 @@ class Registrations {
   Registrar* registrar_ = nullptr;
   std::atomic<int> backend_ready_{0};
   int backend_err_ = 0;
-  SpinLock<LockRank::kApi> lock_;
+  Mutex<LockRank::kApi> lock_;
   DomainSlot domains_[kMaxDomains];
   DomainCounters domain_counters_[kMaxDomains];
   std::atomic<uint64_t> bytes_registered_{0}, bytes_pinned_{0}, reg_calls_{0}, dereg_calls_{0},

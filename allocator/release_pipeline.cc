@@ -16,7 +16,7 @@ namespace rdmalloc {
 
 void ReleasePipeline::Queue(Region* r) {
   {
-    SpinLockGuard g(queue_lock_);
+    LockGuard g(queue_lock_);
     r->next = queue_;
     queue_ = r;
     pending_count_.fetch_add(1, std::memory_order_release);
@@ -72,7 +72,7 @@ void* ReleasePipeline::ThreadMain(void* arg) {
 void ReleasePipeline::ReleaseQueued() {
   Region* list;
   {
-    SpinLockGuard g(queue_lock_);
+    LockGuard g(queue_lock_);
     list = queue_;
     queue_ = nullptr;
     // Counted as releasing before it stops counting as queued: a reader
@@ -93,7 +93,7 @@ void ReleasePipeline::Notify(uintptr_t base, size_t len) {
   Observer now[kMaxObservers];
   int n = 0;
   {
-    SpinLockGuard g(observer_lock_);
+    LockGuard g(observer_lock_);
     for (const Observer& o : observers_) {
       if (o.fn != nullptr) now[n++] = o;
     }
@@ -111,7 +111,7 @@ void ReleasePipeline::SayGoodbyes() {
   if (goodbyes_owed_.load() == 0) return;
   Goodbye* list;
   {
-    SpinLockGuard g(observer_lock_);
+    LockGuard g(observer_lock_);
     list = goodbyes_;
     goodbyes_ = nullptr;
   }
@@ -135,7 +135,7 @@ int ReleasePipeline::AddObserver(rdmalloc_release_fn fn, void* arg,
                                  bool (*frees_under_way)(void* ctx), void* ctx) {
   if (fn == nullptr) return RDMALLOC_EINVAL;
   {
-    SpinLockGuard g(observer_lock_);
+    LockGuard g(observer_lock_);
     Observer* slot = nullptr;
     for (Observer& o : observers_) {
       if (o.fn == fn && o.arg == arg) return RDMALLOC_EINVAL;  // already there
@@ -173,7 +173,7 @@ int ReleasePipeline::RemoveObserver(rdmalloc_release_fn fn, void* arg) {
     return RDMALLOC_EINVAL;
   }
   {
-    SpinLockGuard g(observer_lock_);
+    LockGuard g(observer_lock_);
     Observer* found = nullptr;
     for (Observer& o : observers_) {
       if (o.fn == fn && o.arg == arg) found = &o;

@@ -13,7 +13,7 @@
 
 #include "allocator/rdmalloc.h"
 #include "allocator/region.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 
@@ -86,13 +86,13 @@ class ReleasePipeline {
 
   FinishFn finish_ = nullptr;
   void* finish_ctx_ = nullptr;
-  SpinLock<LockRank::kReleaseQueue> queue_lock_;
+  Mutex<LockRank::kReleaseQueue> queue_lock_;
   Region* queue_ = nullptr;
   std::atomic<int> pending_count_{0};
   std::atomic<int> releasing_{0};  // taken off the queue, not yet finished
   std::atomic<int> work_{0};       // the thread's futex word: work was added
   std::atomic<bool> thread_{false};
-  SpinLock<LockRank::kObservers> observer_lock_;
+  Mutex<LockRank::kObservers> observer_lock_;
   Observer observers_[kMaxObservers];
   Goodbye* goodbyes_ = nullptr;  // observer_lock_
   std::atomic<int> goodbyes_owed_{0};

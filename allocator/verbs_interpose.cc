@@ -31,7 +31,7 @@
 #include "allocator/heap.h"
 #include "allocator/init.h"
 #include "allocator/log.h"
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 #undef ibv_reg_mr
 #undef ibv_reg_mr_iova
@@ -206,7 +206,7 @@ class MrTable {
   // False if there is no memory to remember it: the caller then keeps the
   // holds for good rather than let a purge pull pages from under the MR.
   bool Track(const ibv_mr* mr, MrRecord* rec) {
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     if ((tracked_ + 1) * 2 > capacity_ && !Rehash(capacity_ == 0 ? 1024 : capacity_ * 2))
       return false;
     Insert(mr, rec);
@@ -214,7 +214,7 @@ class MrTable {
     return true;
   }
   MrRecord* Untrack(const ibv_mr* mr) {
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     if (capacity_ == 0) return nullptr;
     size_t i = Slot(mr);
     while (slots_[i].key != nullptr && slots_[i].key != mr) i = (i + 1) & (capacity_ - 1);
@@ -246,7 +246,7 @@ class MrTable {
     head->links.batch_size = list->n;
     head->links.next_batch = nullptr;
     *list = RecordList();
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     AppendBatchLocked(head);
   }
   void AppendBatchLocked(MrRecord* head) {
@@ -297,7 +297,7 @@ class MrTable {
     return true;
   }
 
-  SpinLock<LockRank::kMrTable> lock_;
+  Mutex<LockRank::kMrTable> lock_;
   MrRecord* free_head_ = nullptr;  // first and last batch
   MrRecord* free_tail_ = nullptr;
   std::atomic<MrRecord*> chunk_[kMaxChunks] = {};
@@ -321,7 +321,7 @@ bool MrTable::Refill(ThreadRecords& t) {
     t.registered = true;
     pthread_setspecific(g_records_key, &t);
   }
-  SpinLockGuard g(lock_);
+  LockGuard g(lock_);
   if (free_head_ == nullptr && !Grow()) return false;
   MrRecord* batch = free_head_;
   free_head_ = batch->links.next_batch;

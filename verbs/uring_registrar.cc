@@ -11,7 +11,7 @@
 #include <cstring>
 #include <iterator>
 
-#include "allocator/spin_lock.h"
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 namespace {
@@ -49,7 +49,7 @@ class UringDomain final : public Domain {
   int Register(void* base, size_t len, Registration* out) override {
     unsigned n = static_cast<unsigned>((len + kUringMaxBuffer - 1) / kUringMaxBuffer);
     if (n == 0 || n > kMaxSlotsPerRegion) return E2BIG;
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     if (int err = EnsureOpenLocked()) return err;
     int first = FindFreeSlotsLocked(n);
     if (first < 0) return ENOSPC;
@@ -74,7 +74,7 @@ class UringDomain final : public Domain {
   }
 
   int Deregister(void*, size_t, const Registration& reg) override {
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     if (!open_) return 0;  // forgotten after fork: the parent owns those slots
     int err = ClearSlotsLocked(reg.lkey, reg.slots);
     MarkSlots(reg.lkey, reg.slots, false);
@@ -150,7 +150,7 @@ class UringDomain final : public Domain {
   // One chunk at a time through the wire: never crosses a slot boundary.
   int Transfer(const Registration& reg, const void* region_base, void* addr, void* cpu, size_t n,
                bool to_memory) {
-    SpinLockGuard g(lock_);
+    LockGuard g(lock_);
     if (!open_) return ENODEV;
     char* mem = static_cast<char*>(addr);
     char* buf = static_cast<char*>(cpu);
@@ -188,7 +188,7 @@ class UringDomain final : public Domain {
   bool open_ = false;
   // One lock for the slot table, (re)opening, the submission queue and the
   // wire: transfers are test/health-check traffic, registration is rare.
-  SpinLock<LockRank::kRing> lock_;
+  Mutex<LockRank::kRing> lock_;
   uint64_t used_[kUringSlots / 64] = {};
 };
 
