@@ -14,6 +14,7 @@
 #ifndef RDMALLOC_ALLOCATOR_MUTEX_H_
 #define RDMALLOC_ALLOCATOR_MUTEX_H_
 
+#include <errno.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -71,8 +72,12 @@ class Mutex {
     // marking it so could leave one asleep for good.
     while (state_.exchange(kSleepers) != kFree) Futex(FUTEX_WAIT_PRIVATE, kSleepers);
   }
+  // errno stays the caller's (a wait that finds the word changed fails with
+  // EAGAIN): free() must keep it, and jemalloc's hooks lock.
   void Futex(int op, uint32_t value) {
+    int caller_errno = errno;
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), op, value, nullptr, nullptr, 0);
+    errno = caller_errno;
   }
   static void Relax() {
 #if defined(__x86_64__) || defined(__i386__)

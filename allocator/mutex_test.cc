@@ -2,6 +2,7 @@
 // left asleep, and waiters sleep rather than take the CPU from the holder.
 #include "allocator/mutex.h"
 
+#include <errno.h>
 #include <gtest/gtest.h>
 #include <time.h>
 
@@ -21,22 +22,29 @@ uint64_t ThreadCpuNs() {
 
 // More threads than cores, short holds: every path (the first CAS, the spin,
 // the sleep and the wake) is taken many times. A lost wake hangs the test.
-TEST(Mutex, ExcludesAndWakesEveryWaiter) {
+// errno stays the caller's: free() must keep it (POSIX), and its hooks lock.
+TEST(Mutex, ExcludesAndWakesEveryWaiterAndKeepsErrno) {
   Mutex<LockRank::kHeap> lock;
   constexpr int kThreads = 8, kRounds = 100000;
   uint64_t counter = 0;  // plain on purpose: the lock alone guards it
+  std::atomic<uint64_t> errno_changed{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; t++) {
     threads.emplace_back([&] {
       for (int i = 0; i < kRounds; i++) {
-        LockGuard<decltype(lock)> g(lock);
-        counter++;
-        if (i % 256 == 0) std::this_thread::yield();  // now and then, waiters sleep
+        errno = EDOM;
+        {
+          LockGuard<decltype(lock)> g(lock);
+          counter++;
+          if (i % 256 == 0) std::this_thread::yield();  // now and then, waiters sleep
+        }
+        if (errno != EDOM) errno_changed++;
       }
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(counter, uint64_t{kThreads} * kRounds);
+  EXPECT_EQ(errno_changed.load(), 0u);
 }
 
 TEST(Mutex, TryLockFailsWhileHeldAndNeverWaits) {
