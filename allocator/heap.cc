@@ -73,7 +73,7 @@ void* Heap::AllocExtent(unsigned arena, unsigned access_class, void* new_addr, s
     // added or removed, a dump) holds it; the first lookup registers then.
     if (regs_.eager() && regs_.backend_ready() && r->reg_lock.TryLock()) {
       RegisterEverywhere(r);
-      Unlock(r);
+      UnlockAndRelease(r);
     }
   }
   // Retained pages do not add to the peak: as many as this extent will
@@ -126,7 +126,7 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Bl
       if (madvise(static_cast<char*>(addr) + (size - tail), tail, MADV_DONTNEED) == 0)
         purged = tail;
     }
-    Unlock(r);
+    UnlockAndRelease(r);
   }
   if (store_.Give(r, addr, size, purged, keep) == RegionStore::Gave::kEmpty) Release(r);
   // Registered or observed free pages cannot be purged: past the bound,
@@ -154,7 +154,7 @@ uint64_t Heap::PurgeFreePages(uint64_t budget, bool may_wait, PageMap::Which whi
     if (may_wait) r->reg_lock.Lock();
     else if (!r->reg_lock.TryLock()) continue;
     if (r->registrations.load() == 0) purged += store_.PurgeFree(r, seq, budget - purged, which);
-    Unlock(r);
+    UnlockAndRelease(r);
   }
   return purged;
 }
@@ -170,8 +170,7 @@ void Heap::GiveBackRetained() {
 // Deregisters every domain and returns true: the caller then drops reg_lock
 // and unmaps. Returns false if the release is queued for the release thread
 // instead: observers must hear of it (callbacks run there only), or a backend
-// that mallocs must deregister (never in hook context; and a lookup that
-// happened to hold the lock does no release work either).
+// that mallocs must deregister (never in hook context).
 bool Heap::ReleaseLocked(Region* r) {
   if (release_.observed() || (r->registrations.load() > 0 && !regs_.hook_safe())) {
     release_.Queue(r);
@@ -181,11 +180,17 @@ bool Heap::ReleaseLocked(Region* r) {
   return true;
 }
 
-void Heap::RunRelease(Region* r) {
+void Heap::RunRelease(Region* r, ReleaseBy by) {
   while (r->release_wanted.load() && r->reg_lock.TryLock()) {
     if (!r->release_wanted.exchange(false)) {
       r->reg_lock.Unlock();
       continue;
+    }
+    if (by == ReleaseBy::kReleaseThread) {
+      release_.Queue(r);
+      r->reg_lock.Unlock();
+      release_.EnsureThread(false);  // API context: it may start the thread
+      return;
     }
     bool done = ReleaseLocked(r);
     r->reg_lock.Unlock();
@@ -197,14 +202,19 @@ void Heap::RunRelease(Region* r) {
   }
 }
 
-void Heap::Unlock(Region* r) {
+void Heap::UnlockAndRelease(Region* r) {
   r->reg_lock.Unlock();
-  RunRelease(r);
+  RunRelease(r, ReleaseBy::kCaller);
+}
+
+void Heap::UnlockAndQueueRelease(Region* r) {
+  r->reg_lock.Unlock();
+  RunRelease(r, ReleaseBy::kReleaseThread);
 }
 
 void Heap::Release(Region* r) {
   r->release_wanted.store(true);
-  RunRelease(r);
+  RunRelease(r, ReleaseBy::kCaller);
 }
 
 // On the release thread. Deregister first, then notify, then unmap: the
@@ -242,7 +252,7 @@ void Heap::RegisterAllLive(int d) {
     r->reg_lock.Lock();
     if ((r->seq.load() & 1) && r->reg[d].state.load() != RegSlot::kRegistered)
       regs_.Register(r, d);
-    Unlock(r);
+    UnlockAndQueueRelease(r);
   }
 }
 
@@ -303,25 +313,25 @@ int Heap::LookupSlow(rdmalloc_keys* out) {
   if (r == nullptr) return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   r->reg_lock.Lock();
   if (!(r->seq.load() & 1) || !r->Contains(a, 1)) {
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     return Fail(RDMALLOC_ENOTOURS, MyStripe().not_ours);
   }
   if (!r->Contains(a, len)) {
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     return Fail(RDMALLOC_ECROSS, MyStripe().cross);
   }
   if (d != 0 && !regs_.open(d)) {
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     return Fail(RDMALLOC_EINVAL, MyStripe().einval);
   }
   RegSlot& s = r->reg[d];
   int err = s.state.load() == RegSlot::kRegistered ? 0 : regs_.Register(r, d);
   if (err == ENODEV && d != 0) {  // the pd is being removed right now: unknown pd
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     return Fail(RDMALLOC_EINVAL, MyStripe().einval);
   }
   if (err != 0) {
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     memset(out, 0, sizeof *out);
     out->reg_errno = err;
     out->domain = d;
@@ -330,7 +340,7 @@ int Heap::LookupSlow(rdmalloc_keys* out) {
   }
   FillKeys(r, d, a, len, s.lkey.load(), s.rkey.load(), s.step_shift.load(), s.handle.load(),
            s.access.load(), out);
-  Unlock(r);
+  UnlockAndQueueRelease(r);
   return RDMALLOC_OK;
 }
 
@@ -388,7 +398,7 @@ size_t Heap::HoldRange(const void* addr, size_t len, Region** held, size_t max) 
     // checks the holds under it, so no purge can pass this hold unseen.
     r->reg_lock.Lock();
     bool ok = store_.Hold(r);
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     if (ok) held[count++] = r;
   }
   return count;
@@ -414,7 +424,7 @@ int Heap::RemoveDomain(ibv_pd* pd) {
     Region* r = store_.descriptor(i);
     r->reg_lock.Lock();
     regs_.Deregister(r, d);
-    Unlock(r);
+    UnlockAndQueueRelease(r);
   }
   regs_.FinishRemove(d);
   return RDMALLOC_OK;
@@ -433,7 +443,7 @@ int Heap::Dma(const rdmalloc_keys* k, size_t off, void* buf, size_t n, bool to_m
   if ((r->seq.load() & 1) && r->Contains(a, n) &&
       r->begin() == reinterpret_cast<uintptr_t>(k->region_base))
     rc = regs_.Dma(r, k->domain, a, buf, n, to_memory);
-  Unlock(r);
+  UnlockAndQueueRelease(r);
   return rc;
 }
 
@@ -499,7 +509,7 @@ int Heap::VisitRegions(void (*visit)(const RegionInfo& info, void* ctx), void* c
         info.reg[d] = {r->reg[d].state.load(), r->reg[d].lkey.load(), r->reg[d].rkey.load()};
       }
     }
-    Unlock(r);
+    UnlockAndQueueRelease(r);
     if (!live) continue;
     visit(info, ctx);
     count++;

@@ -214,11 +214,16 @@ class Heap {
   void RegisterEverywhere(Region* r);
   void RegisterAllLive(int d);
   // The release of an empty region: whoever holds its reg_lock when it is
-  // wanted performs it, so hook context never waits for a registration that
-  // may itself be inside malloc.
-  void Unlock(Region* r);
+  // wanted (release_wanted) takes it over, so hook context never waits for a
+  // registration that may itself be inside malloc. The hooks and the
+  // give-back calls perform it (UnlockAndRelease); the calls that find keys,
+  // register, move bytes or scan hand it to the release thread
+  // (UnlockAndQueueRelease): a lookup does no release work.
+  void UnlockAndRelease(Region* r);
+  void UnlockAndQueueRelease(Region* r);
   void Release(Region* r);
-  void RunRelease(Region* r);
+  enum class ReleaseBy { kCaller, kReleaseThread };
+  void RunRelease(Region* r, ReleaseBy by);
   bool ReleaseLocked(Region* r);
   static void FinishQueued(Region* r, void* heap);
 

@@ -1,6 +1,11 @@
 #include "test/fault_injection.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "allocator/testing.h"
 #include "verbs/registrar.h"
@@ -60,8 +65,19 @@ struct Schedule {
 };
 
 Schedule g_schedule;
-std::atomic<uint64_t> g_calls{0}, g_failed{0};
+std::atomic<uint64_t> g_calls{0}, g_failed{0}, g_deregisters{0};
+std::atomic<long> g_last_deregister_thread{0};
 std::atomic<bool> g_active{false};
+
+enum Gate : int { kOpen, kArmed, kHolding };
+std::atomic<int> g_gate{kOpen};
+
+// Stops the calling registration while the gate holds it.
+void PassGate() {
+  int armed = kArmed;
+  if (!g_gate.compare_exchange_strong(armed, kHolding)) return;
+  while (g_gate.load() == kHolding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 class FaultyDomain final : public Domain {
  public:
@@ -74,9 +90,12 @@ class FaultyDomain final : public Domain {
       g_failed.fetch_add(1, std::memory_order_relaxed);
       return err;
     }
+    PassGate();
     return real_->Register(base, len, out);
   }
   int Deregister(void* base, size_t len, const Registration& reg) override {
+    g_last_deregister_thread.store(syscall(SYS_gettid));
+    g_deregisters.fetch_add(1);
     return real_->Deregister(base, len, reg);
   }
   int DmaWrite(const Registration& reg, const void* region_base, void* addr, const void* src,
@@ -129,5 +148,14 @@ void ClearFaults() { g_schedule.Set(Mode::kNone, 0, 0); }
 
 uint64_t RegisterCallsSeen() { return g_calls.load(); }
 uint64_t RegistrationsFailed() { return g_failed.load(); }
+
+void HoldNextRegistration() { g_gate.store(kArmed); }
+void WaitUntilRegistrationHeld() {
+  while (g_gate.load() != kHolding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+void OpenHeldRegistration() { g_gate.store(kOpen); }
+
+uint64_t DeregisterCallsSeen() { return g_deregisters.load(); }
+long LastDeregisterThread() { return g_last_deregister_thread.load(); }
 
 }  // namespace rdmalloc_test

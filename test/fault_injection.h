@@ -26,6 +26,16 @@ void ClearFaults();
 uint64_t RegisterCallsSeen();
 uint64_t RegistrationsFailed();
 
+// A gate: the next Register call (API context only: lazy mode) stops before
+// the real backend, holding its region's lock, until OpenHeldRegistration.
+void HoldNextRegistration();
+void WaitUntilRegistrationHeld();
+void OpenHeldRegistration();
+
+// Deregister calls seen, and the thread (gettid) of the last one.
+uint64_t DeregisterCallsSeen();
+long LastDeregisterThread();
+
 }  // namespace rdmalloc_test
 
 #endif  // RDMALLOC_TEST_FAULT_INJECTION_H_
