@@ -452,9 +452,7 @@ RegionStore::Gave RegionStore::DropLast(Region* r) {
   return Gave::kEmpty;
 }
 
-Region* RegionStore::ShedKept(unsigned shard) {
-  if (!OverRetain()) return nullptr;
-  Shard& s = shards_[shard];
+Region* RegionStore::ClaimKept(Shard& s) {
   LockShard(s);
   Region* r = s.regions;
   while (r != nullptr && !(r->kept.load(std::memory_order_relaxed) && ClaimLocked(r))) r = r->next;
@@ -464,15 +462,13 @@ Region* RegionStore::ShedKept(unsigned shard) {
   return r;
 }
 
+Region* RegionStore::ShedKept(unsigned shard) {
+  return OverRetain() ? ClaimKept(shards_[shard]) : nullptr;
+}
+
 Region* RegionStore::TakeKept() {
   for (Shard& s : shards_) {
-    LockShard(s);
-    Region* r = s.regions;
-    while (r != nullptr && !(r->kept.load(std::memory_order_relaxed) && ClaimLocked(r))) r = r->next;
-    if (r != nullptr) UnlistLocked(s, r);
-    else CountHeldLocked(s);
-    s.lock.Unlock();
-    if (r != nullptr) return r;
+    if (Region* r = ClaimKept(s)) return r;
   }
   return nullptr;
 }

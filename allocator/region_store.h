@@ -254,6 +254,9 @@ class RegionStore {
   // Fewer pages retained: the epoch's floor follows them down.
   void Unretain(uint64_t pages);
   void CountHeldLocked(Shard& s);
+  // A kept region of s, claimed for release and taken out of list and map
+  // (as for kEmpty), or nullptr. Takes s's lock.
+  Region* ClaimKept(Shard& s);
   // A release decision on an empty region, shard lock held: true unless an
   // MR holds it (then a Hold racing with it may fail instead; it retries as
   // forwarded).
