@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -31,6 +30,7 @@
 #include "allocator/config.h"
 #include "allocator/extent_hooks.h"
 #include "allocator/fork.h"
+#include "allocator/futex.h"
 #include "allocator/heap.h"
 #include "allocator/init.h"
 #include "allocator/jemalloc_api.h"
@@ -80,17 +80,39 @@ RDMALLOC_STARTUP_DATA std::atomic<int> g_init_state{kUninitialised};
 
 namespace {
 
+// Threads that find a start under way in another thread sleep on the state
+// word until the starter wakes them. A start can take long (it opens the
+// device: a driver's open, or with RDMALLOC_REGISTER=eager its first
+// registrations), and threads that only yielded took the CPU it needed.
+RDMALLOC_STARTUP_DATA std::atomic<int> g_start_waiters{0};
+
+// Sequentially consistent with the starter's store of the new state and its
+// load of g_start_waiters: either this sees the start done, or the starter
+// sees a waiter and wakes it (a wake before the wait finds the word changed).
+void WaitWhileStarting() {
+  while (g_init_state.load() == kInitialising) {
+    g_start_waiters.fetch_add(1);
+    if (g_init_state.load() == kInitialising) FutexWait(&g_init_state, int{kInitialising});
+    g_start_waiters.fetch_sub(1);
+  }
+}
+
+void FinishStart() {
+  g_init_state.store(kReady);
+  if (g_start_waiters.load() != 0) FutexWakeAll(&g_init_state);
+}
+
+// A fork waits for a start under way, unless its own thread is starting.
 void WaitForInitialisation() {
-  while (g_init_state.load(std::memory_order_acquire) == kInitialising &&
-         !pthread_equal(g_init_thread, pthread_self()))
-    sched_yield();
+  if (!pthread_equal(g_init_thread, pthread_self())) WaitWhileStarting();
 }
 
 // The child's next allocation must reach rdmj_start: while the state is not
 // ready, every fast path is off (an allocation that finds a thread cache's
-// block would not reach it).
+// block would not reach it). Its one thread waits for nothing.
 void ForkChildRestart() {
   if (g_init_state.load(std::memory_order_relaxed) != kReady) return;
+  g_start_waiters.store(0, std::memory_order_relaxed);
   g_init_state.store(kForked, std::memory_order_release);
   rdmj_recompute_fast_paths();
 }
@@ -108,12 +130,14 @@ void EnsureInitialisedSlow() {
     g_init_thread = pthread_self();
     if (s == kForked) TheHeap().EnsureReleaseThread();
     else Initialise();
-    g_init_state.store(kReady, std::memory_order_release);
+    FinishStart();
     // Every thread was kept on jemalloc's slow paths until now.
     rdmj_recompute_fast_paths();
     return;
   }
-  while (g_init_state.load(std::memory_order_acquire) != kReady) sched_yield();
+  // Another thread won: its start is under way (the state never returns to
+  // what the exchange expected), or done.
+  WaitWhileStarting();
 }
 
 }  // namespace rdmalloc

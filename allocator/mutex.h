@@ -14,14 +14,10 @@
 #ifndef RDMALLOC_ALLOCATOR_MUTEX_H_
 #define RDMALLOC_ALLOCATOR_MUTEX_H_
 
-#include <errno.h>
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdint>
 
+#include "allocator/futex.h"
 #include "allocator/lock_order.h"
 
 namespace rdmalloc {
@@ -49,7 +45,7 @@ class Mutex {
   }
   void Unlock() {
     witness::Released(kRank);
-    if (state_.exchange(kFree) == kSleepers) Futex(FUTEX_WAKE_PRIVATE, 1);
+    if (state_.exchange(kFree) == kSleepers) FutexWake(&state_, 1);
   }
   // Only in a fork child, where the thread that held it is gone.
   void ResetAfterFork() { state_.store(kFree, std::memory_order_relaxed); }
@@ -70,24 +66,14 @@ class Mutex {
     }
     // Taking it as kSleepers may wake one sleeper needlessly later; never
     // marking it so could leave one asleep for good.
-    while (state_.exchange(kSleepers) != kFree) Futex(FUTEX_WAIT_PRIVATE, kSleepers);
-  }
-  // errno stays the caller's (a wait that finds the word changed fails with
-  // EAGAIN): free() must keep it, and jemalloc's hooks lock.
-  void Futex(int op, uint32_t value) {
-    int caller_errno = errno;
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&state_), op, value, nullptr, nullptr, 0);
-    errno = caller_errno;
+    while (state_.exchange(kSleepers) != kFree) FutexWait(&state_, uint32_t{kSleepers});
   }
   static void Relax() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
   }
-  std::atomic<uint32_t> state_{kFree};
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
-                    std::atomic<uint32_t>::is_always_lock_free,
-                "the kernel's futex word is the atomic itself");
+  std::atomic<uint32_t> state_{kFree};  // the futex word
 };
 
 template <typename Lock>

@@ -1,15 +1,13 @@
 #include "allocator/release_pipeline.h"
 
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdlib>
 
+#include "allocator/futex.h"
 #include "allocator/log.h"
 
 namespace rdmalloc {
@@ -27,8 +25,7 @@ void ReleasePipeline::Queue(Region* r) {
 
 void ReleasePipeline::AddWork() {
   work_.fetch_add(1, std::memory_order_release);
-  if (thread_.load(std::memory_order_relaxed))
-    syscall(SYS_futex, &work_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  if (thread_.load(std::memory_order_relaxed)) FutexWake(&work_, 1);
 }
 
 void ReleasePipeline::EnsureThread(bool backend_needs_it) {
@@ -59,10 +56,8 @@ void ReleasePipeline::EnsureThread(bool backend_needs_it) {
 
 void* ReleasePipeline::ThreadMain(void* arg) {
   auto* p = static_cast<ReleasePipeline*>(arg);
-  static_assert(sizeof(std::atomic<int>) == sizeof(int), "futex word");
   for (;;) {
-    if (p->work_.exchange(0, std::memory_order_acquire) == 0)
-      syscall(SYS_futex, &p->work_, FUTEX_WAIT_PRIVATE, 0, nullptr, nullptr, 0);
+    if (p->work_.exchange(0, std::memory_order_acquire) == 0) FutexWait(&p->work_, 0);
     p->ReleaseQueued();
     p->SayGoodbyes();
   }

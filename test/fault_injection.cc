@@ -69,6 +69,8 @@ std::atomic<uint64_t> g_calls{0}, g_failed{0}, g_deregisters{0};
 std::atomic<long> g_last_deregister_thread{0};
 std::atomic<bool> g_active{false};
 
+std::atomic<int> g_open_delay_ms{0};
+
 enum Gate : int { kOpen, kArmed, kHolding };
 std::atomic<int> g_gate{kOpen};
 
@@ -122,6 +124,7 @@ class FaultyRegistrar final : public Registrar {
   const char* device_name() const override { return real_->device_name(); }
   bool hook_safe() const override { return real_->hook_safe(); }
   Domain* OpenDomain(ibv_pd* pd, int access, int* err) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(g_open_delay_ms.load()));
     Domain* d = real_->OpenDomain(pd, access, err);
     if (d == nullptr) return nullptr;
     g_active.store(true);
@@ -154,6 +157,8 @@ void WaitUntilRegistrationHeld() {
   while (g_gate.load() != kHolding) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 void OpenHeldRegistration() { g_gate.store(kOpen); }
+
+void DelayDomainOpens(int ms) { g_open_delay_ms.store(ms); }
 
 uint64_t DeregisterCallsSeen() { return g_deregisters.load(); }
 long LastDeregisterThread() { return g_last_deregister_thread.load(); }

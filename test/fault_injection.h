@@ -32,6 +32,9 @@ void HoldNextRegistration();
 void WaitUntilRegistrationHeld();
 void OpenHeldRegistration();
 
+// Every OpenDomain sleeps this long first, as a driver's slow open may.
+void DelayDomainOpens(int ms);
+
 // Deregister calls seen, and the thread (gettid) of the last one.
 uint64_t DeregisterCallsSeen();
 long LastDeregisterThread();
