@@ -81,9 +81,9 @@ RDMALLOC_STARTUP_DATA std::atomic<int> g_init_state{kUninitialised};
 namespace {
 
 // Threads that find a start under way in another thread sleep on the state
-// word until the starter wakes them. A start can take long (it opens the
-// device: a driver's open, or with RDMALLOC_REGISTER=eager its first
-// registrations), and threads that only yielded took the CPU it needed.
+// word until the starter wakes them. A start can take long (with
+// RDMALLOC_REGISTER=eager it opens the backend and registers the first
+// regions), and threads that only yielded took the CPU it needed.
 RDMALLOC_STARTUP_DATA std::atomic<int> g_start_waiters{0};
 
 // Sequentially consistent with the starter's store of the new state and its
