@@ -127,6 +127,7 @@ def workloads(rounds, threads_list):
                 row[a] = median(res[a]["ops"])
                 row[a + "_rss"] = max(res[a]["rss"])
                 row[a + "_rounds"] = res[a]["ops"]
+                row[a + "_rss_rounds"] = res[a]["rss"]
             # Ratios within each round (the allocators ran back to back), then
             # their median: noise that changes between rounds cancels.
             vs_jem = [r / j for r, j in zip(res["rdmalloc"]["ops"], res["jemalloc"]["ops"])]
@@ -135,6 +136,9 @@ def workloads(rounds, threads_list):
             row["rdm_vs_jem_range"] = [min(vs_jem), max(vs_jem)]
             row["rdm_vs_glibc"] = median(vs_glibc)
             row["rss_vs_jem"] = row["rdmalloc_rss"] / row["jemalloc_rss"]
+            # The median runs' peaks too: one run's outlier (a producer that ran
+            # further ahead) moves the largest, not these.
+            row["rss_median_vs_jem"] = median(res["rdmalloc"]["rss"]) / median(res["jemalloc"]["rss"])
             again = [b / j for b, j in zip(res[JEMALLOC_AGAIN]["ops"], res["jemalloc"]["ops"])]
             row["jem_vs_jem"] = median(again)
             row["jem_vs_jem_range"] = [min(again), max(again)]
@@ -573,7 +577,9 @@ def write_markdown(path, res):
              "ratios are taken within each round and their median is shown, with the lowest and "
              "highest round: noise that changes between rounds cancels, and a wide range says the "
              "workload itself swings (xmalloc at 2 threads flips between two speeds with thread "
-             "placement, for every allocator). Peak RSS is the largest of the runs. *A/A* is the "
+             "placement, for every allocator). Peak RSS is the largest of the runs; in "
+             "parentheses, the ratio of the median runs' peaks, which one run's outlier does not "
+             "move (runs before it was recorded show none). *A/A* is the "
              "second copy of jemalloc against the first, taken the same way: two identical "
              "allocators, so its distance from 1.00 is this machine's noise, and a ratio of "
              "rdmalloc's that strays no further is parity.\n")
@@ -590,7 +596,9 @@ def write_markdown(path, res):
                  f"{r['rdmalloc']:.3g} | **{r['rdm_vs_jem']:.3f}** | {spread} | {again} | "
                  f"{r['rdm_vs_glibc']:.3f} | "
                  f"{r['jemalloc_rss'] / 1024:.1f} MiB | {r['rdmalloc_rss'] / 1024:.1f} MiB | "
-                 f"{r['rss_vs_jem']:.2f} | {again_rss} |")
+                 f"{r['rss_vs_jem']:.2f}"
+                 + (f" ({r['rss_median_vs_jem']:.2f})" if "rss_median_vs_jem" in r else "") +
+                 f" | {again_rss} |")
     worst = min(rows, key=lambda r: r["rdm_vs_jem"])
     L.append("")
     L.append(f"Lowest throughput ratio to jemalloc: {worst['rdm_vs_jem']:.3f} ({worst['workload']}, "
