@@ -8,7 +8,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -23,14 +22,6 @@ const bool g_installed = (InstallFaultInjection(), true);
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kDedicated = 72 * kMiB;  // larger than a shared region: a fresh region of its own
-
-bool WaitForDeregistrations(uint64_t more_than) {
-  for (int i = 0; i < 10000; i++) {
-    if (DeregisterCallsSeen() > more_than) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
 
 TEST(LookupRelease, ARegionFreedDuringItsLookupIsReleasedByTheReleaseThread) {
   ASSERT_TRUE(g_installed);
@@ -62,7 +53,8 @@ TEST(LookupRelease, ARegionFreedDuringItsLookupIsReleasedByTheReleaseThread) {
     // The program freed what it looked up: the keys may be stale, not wrong.
     EXPECT_EQ(rc, RDMALLOC_OK);
 
-    ASSERT_TRUE(WaitForDeregistrations(deregistered)) << "the region was never deregistered";
+    ASSERT_TRUE(WaitUntil([&] { return DeregisterCallsSeen() > deregistered; }))
+        << "the region was never deregistered";
     ASSERT_TRUE(WaitForReleases());
     EXPECT_NE(LastDeregisterThread(), looker) << "the lookup deregistered the region itself";
     EXPECT_NE(LastDeregisterThread(), syscall(SYS_gettid)) << "the free deregistered it";

@@ -39,14 +39,20 @@ inline struct rdmalloc_stats Stats() {
   return s;
 }
 
-// Waits (up to 10 s) until the release thread has finished every release
-// queued so far: rdmalloc_* calls never wait for it. Returns whether it did.
-inline bool WaitForReleases() {
+// Polls `done` every millisecond for up to 10 s; returns whether it held.
+template <typename Done>
+bool WaitUntil(Done done) {
   for (int i = 0; i < 10000; i++) {
-    if (Stats().releases_pending == 0) return true;
+    if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
+}
+
+// Waits (up to 10 s) until the release thread has finished every release
+// queued so far: rdmalloc_* calls never wait for it. Returns whether it did.
+inline bool WaitForReleases() {
+  return WaitUntil([] { return Stats().releases_pending == 0; });
 }
 
 // Makes jemalloc give back everything it caches: this thread's tcache, then
