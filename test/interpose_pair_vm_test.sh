@@ -14,14 +14,35 @@ cycles=${3:-60}
 port=18515
 work=$(mktemp -d /tmp/interpose-pair.XXXXXX) || exit 1
 trap 'rm -rf "$work"' EXIT
+# Stopped by the VM's watchdog (a hung run): what A and B had printed so far.
+current=
+stopped() {
+  echo "interpose_pair_vm_test: stopped during: ${current:-setup}"
+  for f in a a.err b; do [ -s "$work/$f" ] && sed "s/^/  $f: /" "$work/$f"; done
+  exit 124
+}
+trap stopped TERM
 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# exit_if_link_down WHY: a failed or stuck run whose peer guest cannot be reached
+# saw the emulated link between the guests die: exit 75, and vm_test.sh runs the
+# pair once more (docs/TESTING.md, "A hung VM test says where it hung").
+exit_if_link_down() {
+  timeout 5 bash -c "exec 3<>/dev/tcp/$SOFTROCE_PAIR_PEER/7070" 2>/dev/null && return 0
+  echo "LINK DOWN: $1, and $SOFTROCE_PAIR_PEER:7070 cannot be reached: the emulated link" \
+    "between the guests stopped carrying packets. This guest's last kernel messages:"
+  dmesg | tail -n 20 | sed 's/^/  kernel: /'
+  exit 75
+}
 
 # pair_run LABEL CMD...: A is CMD --listen=PORT here, B the peer in VM 2. Sets
 # a_rc, b_rc; A's stdout then stderr in $work/a, B's output in $work/b.
 pair_run() {
-  local label=$1 b_pid
+  local label=$1 b_pid end
   shift
+  current=$label
+  : >"$work/a"; : >"$work/a.err"; : >"$work/b"
   echo "=== $label"
   python3 "$SOFTROCE_PAIR_RSH" "$SOFTROCE_PAIR_PEER" \
     "echo \"B on \$(hostname)\"; exec env -u LD_PRELOAD $(printf %q "$prog") --role=peer --connect=$SOFTROCE_PAIR_SELF:$port" \
@@ -29,12 +50,25 @@ pair_run() {
   b_pid=$!
   "$@" --listen=$port >"$work/a" 2>"$work/a.err"
   a_rc=$?
+  cat "$work/a.err" >>"$work/a"   # rdmalloc's report after the program's own lines
+  # B ends within seconds of A (bye, or A's connection closing).
+  end=$((SECONDS + 90))
+  while kill -0 "$b_pid" 2>/dev/null && ((SECONDS < end)); do sleep 0.5; done
+  if kill -0 "$b_pid" 2>/dev/null; then
+    sed 's/^/  A: /' "$work/a"
+    sed 's/^/  B so far: /' "$work/b"
+    exit_if_link_down "90 s after A exited ($a_rc), B's launcher still waits"
+    echo "  B still runs 90 s after A exited ($a_rc), on a live link; where it is:"
+    timeout 60 python3 "$SOFTROCE_PAIR_RSH" "$SOFTROCE_PAIR_PEER" 'bash "$SOFTROCE_VM_STACKS"'
+    kill "$b_pid"
+    : >"$work/a"
+  fi
   wait "$b_pid"
   b_rc=$?
-  cat "$work/a.err" >>"$work/a"   # rdmalloc's report after the program's own lines
   sed 's/^/  A: /' "$work/a"
   sed 's/^/  B: /' "$work/b"
   echo "  A exited $a_rc, B exited $b_rc"
+  [ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ] || exit_if_link_down "A exited $a_rc, B exited $b_rc"
 }
 
 # The two processes really were on the two machines, and both finished well.

@@ -3,6 +3,7 @@
 #
 #   test/vm/run.sh [--timeout SECS] [--] CMD [ARGS...]
 #   test/vm/run.sh --prepare        # only build the cached kernel + initramfs
+#   test/vm/run.sh [--timeout SECS] --print-watchdog   # SOFTROCE_VM_WATCHDOG's value
 #
 # Why a VM: the host kernel may have no InfiniBand support at all, while Debian's own
 # kernel ships rdma_rxe. The guest boots that kernel, sees the host's / read-only over
@@ -10,8 +11,9 @@
 # CMD with `ulimit -l unlimited` in the caller's working directory. Host binaries and the
 # host's libibverbs/librxe therefore run unchanged at the same paths.
 #
-# Exit code: CMD's exit code; 124 if the host-side timeout fired; 125 ("vm: cannot
-# start: ...") if the VM could not be booted or the RDMA device could not be set up.
+# Exit code: CMD's exit code; 124 if it timed out (the guest's watchdog stopped it after
+# printing where each process was, or the host-side timeout killed the guest); 125 ("vm:
+# cannot start: ...") if the VM could not be booted or the RDMA device could not be set up.
 #
 # Environment (all optional):
 #   SOFTROCE_VM_DIR      cache + run directory (default /var/tmp/rdmalloc-vm)
@@ -28,6 +30,12 @@
 #                        dummy netdev; needs SOFTROCE_VM_IP. run_pair.sh boots two this way.
 #   SOFTROCE_VM_IP       the NIC's IPv4 address/prefix, e.g. 10.77.0.1/24 (also picks its MAC)
 #   SOFTROCE_VM_HOSTNAME the guest's host name (default: unset, the kernel's "(none)")
+#   SOFTROCE_VM_WATCHDOG seconds the command may run before the guest prints every process's
+#                        kernel and user stacks (gdb), its network and kernel messages, and
+#                        stops it with exit code 124
+#                        (default: TIMEOUT less a quarter of it, 40 to 150 s; 0: off)
+#   SOFTROCE_VM_STACKS_PEER  the watchdog also prints the processes of the guest at this
+#                        address, through vm_rsh.py (run_pair.sh sets it for VM 1)
 # The caller's whole environment is passed to CMD (see write_env below).
 set -euo pipefail
 
@@ -57,12 +65,28 @@ while [[ $# -gt 0 ]]; do
     --timeout) [[ $# -ge 2 && $2 =~ ^[0-9]+$ && $2 -gt 0 ]] || usage; TIMEOUT=$2; shift 2 ;;
     --timeout=*) TIMEOUT=${1#*=}; [[ $TIMEOUT =~ ^[0-9]+$ && $TIMEOUT -gt 0 ]] || usage; shift ;;
     --prepare) PREPARE_ONLY=1; shift ;;
+    --print-watchdog) PRINT_WATCHDOG=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) usage ;;
     *) break ;;
   esac
 done
+
+# The guest's watchdog: how long the command may run before the guest prints where
+# each process is and stops it. The rest of TIMEOUT leaves time for the boot and that.
+if [[ -n ${SOFTROCE_VM_WATCHDOG:-} ]]; then
+  [[ $SOFTROCE_VM_WATCHDOG =~ ^[0-9]+$ ]] || usage
+  WATCHDOG_S=$SOFTROCE_VM_WATCHDOG
+else
+  margin=$((TIMEOUT / 4))
+  ((margin < 40)) && margin=40
+  ((margin > 150)) && margin=150
+  WATCHDOG_S=$((TIMEOUT - margin))
+  ((WATCHDOG_S < TIMEOUT / 2)) && WATCHDOG_S=0   # too short a timeout to leave room
+fi
+
+[[ -z ${PRINT_WATCHDOG:-} ]] || { echo "$WATCHDOG_S"; exit 0; }
 [[ $PREPARE_ONLY -eq 1 || $# -gt 0 ]] || usage
 
 NET=${SOFTROCE_VM_NET:-}
@@ -227,12 +251,89 @@ source "$R/cmd.sh"   # CMD=(...), CWD=...
 source "$R/env.sh"   # the caller's environment
 cd -- "$CWD" || fail "cannot cd to $CWD in the guest"
 ulimit -l unlimited || fail "ulimit -l unlimited failed"
+# Each port is opened once (a second open is refused): the watchdog writes through fd 5.
+exec 4>"$OUT" 5>"$ERR"
+export SOFTROCE_VM_STACKS=$R/stacks.sh   # also what a peer guest runs through vm_rsh.py
 echo start >&3
-"${CMD[@]}" </dev/null >"$OUT" 2>"$ERR" 3>&-
+# Its own process group, so that the watchdog can stop all of it.
+setsid "${CMD[@]}" </dev/null >&4 2>&5 3>&- 4>&- 5>&- &
+cmd_pid=$!
+# A command still running WATCHDOG_S s after it started is hung: print where every
+# process is (here and, in a pair, in the peer guest), then stop it, before the host's
+# timeout kills the guest with nothing said.
+watchdog() {
+  sleep "$WATCHDOG_S" 3>&- 5>&-
+  kill -0 "$cmd_pid" 2>/dev/null || return 0
+  : >"$R/watchdog"
+  {
+    echo "vm: watchdog: the command still runs after $WATCHDOG_S s; where each process is:"
+    bash "$SOFTROCE_VM_STACKS"
+    if [[ -n ${SOFTROCE_VM_STACKS_PEER:-} && -n ${SOFTROCE_PAIR_RSH:-} ]]; then
+      echo "vm: watchdog: and in the peer guest $SOFTROCE_VM_STACKS_PEER, whose server at port 7070" \
+        "$(timeout 5 bash -c "exec 3<>/dev/tcp/$SOFTROCE_VM_STACKS_PEER/7070" 2>/dev/null &&
+           echo "accepts a connection" || echo "CANNOT BE REACHED")":
+      timeout 60 python3 "$SOFTROCE_PAIR_RSH" "$SOFTROCE_VM_STACKS_PEER" 'bash "$SOFTROCE_VM_STACKS"' ||
+        echo "vm: watchdog: no answer from $SOFTROCE_VM_STACKS_PEER within 60 s (its own watchdog reports)"
+    fi
+    echo "vm: watchdog: stopping the command (SIGTERM, then SIGKILL 5 s later)"
+  } >&5 2>&1 3>&-
+  kill -TERM -- "-$cmd_pid" 2>/dev/null
+  sleep 5 3>&- 5>&-
+  kill -KILL -- "-$cmd_pid" 2>/dev/null
+  return 0
+}
+watchdog_pid=
+[[ $WATCHDOG_S -gt 0 ]] && { watchdog 4>&- & watchdog_pid=$!; }
+wait "$cmd_pid"
 rc=$?
+[[ -n $watchdog_pid ]] && { kill "$watchdog_pid"; wait "$watchdog_pid"; } 2>/dev/null
+if [[ -e $R/watchdog ]]; then
+  kill -KILL -- "-$cmd_pid" 2>/dev/null
+  rc=124
+fi
 echo "$rc" > "$R/rc"
 echo "end $rc" >&3
-exec 3>&-
+exec 3>&- 4>&- 5>&-
+EOF
+
+# Where every user process of the guest is, for a hung command: each thread's kernel
+# stack and, through gdb when installed, its user stack. Leaves out itself, its
+# ancestors (the harness) and kernel threads.
+read -r -d '' STACKS_SCRIPT <<'EOF' || true
+#!/bin/bash
+set -u
+skip=" $$ "
+p=$$
+while p=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null) && [[ -n $p && $p != 0 ]]; do
+  skip+="$p "
+done
+have_gdb=0
+command -v gdb >/dev/null && have_gdb=1
+echo "== $(hostname): processes at uptime $(cut -d' ' -f1 /proc/uptime) s"
+[[ $have_gdb == 1 ]] || echo "== gdb is not installed: kernel stacks only"
+for d in /proc/[0-9]*; do
+  pid=${d#/proc/}
+  [[ $skip == *" $pid "* ]] && continue
+  args=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline" | cut -c1-200)
+  [[ -n $args ]] || continue   # kernel threads, and processes gone meanwhile
+  comm=$(cat "$d/comm" 2>/dev/null) || continue
+  echo "== pid $pid ($comm) ppid $(awk '/^PPid:/ { print $2 }' "$d/status") $(grep -m1 '^State:' "$d/status"): $args"
+  for t in "$d"/task/*; do
+    echo "   thread ${t##*/} ($(cat "$t/comm" 2>/dev/null)) wchan $(cat "$t/wchan" 2>/dev/null), syscall $(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+    sed 's/^/     k /' "$t/stack" 2>/dev/null
+  done
+  case $comm in bash|sh|sleep|timeout|cat|tee|sed|awk|python3|setsid) continue ;; esac
+  [[ $have_gdb == 1 ]] &&
+    timeout 30 gdb -p "$pid" -batch -nx -q -iex 'set debuginfod enabled off' \
+      -ex 'set pagination off' -ex 'thread apply all bt 25' </dev/null 2>&1 |
+      grep -E '^(Thread|#)' | sed 's/^/     u /'
+done
+echo "== $(hostname): network"
+ip -s link show 2>&1 | sed 's/^/   /'
+ss -tanp 2>&1 | sed 's/^/   /'
+echo "== $(hostname): the kernel's last messages"
+dmesg 2>&1 | tail -n 120 | sed 's/^/   /'
+echo "== end of $(hostname)"
 EOF
 
 read -r -d '' MODPROBE_WRAPPER <<'EOF' || true
@@ -380,6 +481,7 @@ CWD=$(pwd)
 {
   printf 'CMD=('; printf ' %q' "$@"; printf ' )\n'
   printf 'CWD=%q\n' "$CWD"
+  printf 'WATCHDOG_S=%d\n' "$WATCHDOG_S"
 } >"$R/cmd.sh"
 
 # The caller's environment, minus shell bookkeeping and this script's own variables.
@@ -401,6 +503,7 @@ write_env() {
 }
 write_env >"$R/env.sh"
 printf '%s\n' "$GUEST_STAGE2" >"$R/guest.sh"
+printf '%s\n' "$STACKS_SCRIPT" >"$R/stacks.sh"
 printf 'NET_IP=%q\nNET_HOSTNAME=%q\n' "$NET_IP" "${SOFTROCE_VM_HOSTNAME:-}" >"$R/net.sh"
 
 # Host dirs the guest may write to (everything else is a discarded overlay). These are
@@ -531,6 +634,11 @@ rc=$(cat "$R/rc" 2>/dev/null || true)
 
 console_tail() { tail -n 15 "$R/console.log" 2>/dev/null | sed 's/^/vm: console: /' >&2 || true; }
 
+if [[ -n $t_end && $rc =~ ^[0-9]+$ && -e $R/watchdog ]]; then
+  echo "vm: timed out: the guest's watchdog stopped the command after $WATCHDOG_S s (booted in $(secs $((t_start - T0))) s); where each process was is above" >&2
+  console_tail
+  exit 124
+fi
 if [[ -n $t_end && $rc =~ ^[0-9]+$ ]]; then
   echo "vm: booted in $(secs $((t_start - T0))) s, command ran $(secs $((t_end - t_start))) s, exit $rc" >&2
   exit "$rc"
@@ -538,6 +646,7 @@ fi
 if [[ $qrc -eq 124 || $qrc -eq 137 ]]; then
   if [[ -n $t_start ]]; then
     echo "vm: timed out after $TIMEOUT s (booted in $(secs $((t_start - T0))) s, command killed after $(secs $((T1 - t_start))) s)" >&2
+    console_tail
   else
     echo "vm: timed out after $TIMEOUT s before the command started" >&2
     console_tail

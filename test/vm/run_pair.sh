@@ -62,7 +62,12 @@ trap 'exit 143' TERM INT HUP
 # lines; remote commands' output goes to their clients) is printed at the end, prefixed,
 # and its "vm: cannot start" reason passed on unprefixed, for vm_test.sh.
 log2=$(mktemp "${TMPDIR:-/tmp}/run_pair.vm2.XXXXXX")
-SOFTROCE_VM_NET=listen:$port SOFTROCE_VM_IP=10.77.0.2/24 SOFTROCE_VM_HOSTNAME=rdmalloc-vm2 \
+# VM 1's watchdog also prints VM 2's processes through the server; VM 2's own fires
+# after VM 1's has tried that (up to 65 s), for when the server or the link cannot answer.
+watchdog1=$(bash "$RUN" --timeout "$TIMEOUT" --print-watchdog) || exit 2
+watchdog2=0
+((watchdog1 > 0)) && watchdog2=$((watchdog1 + 90))
+SOFTROCE_VM_WATCHDOG=$watchdog2 SOFTROCE_VM_NET=listen:$port SOFTROCE_VM_IP=10.77.0.2/24 SOFTROCE_VM_HOSTNAME=rdmalloc-vm2 \
   bash "$RUN" --timeout $((TIMEOUT + 120)) -- python3 "$RSH" serve 10.77.0.2 >"$log2" 2>&1 &
 PID2=$!
 vm2_done() {  # VM 2 has ended with exit code $1
@@ -88,9 +93,10 @@ if [[ $listening -eq 0 ]]; then
 fi
 
 # VM 1: CMD, then stop VM 2's server whatever CMD's result.
-SOFTROCE_VM_NET=connect:$port SOFTROCE_VM_IP=10.77.0.1/24 SOFTROCE_VM_HOSTNAME=rdmalloc-vm1 \
+SOFTROCE_VM_WATCHDOG=$watchdog1 SOFTROCE_VM_STACKS_PEER=$SOFTROCE_PAIR_PEER \
+  SOFTROCE_VM_NET=connect:$port SOFTROCE_VM_IP=10.77.0.1/24 SOFTROCE_VM_HOSTNAME=rdmalloc-vm1 \
   bash "$RUN" --timeout "$TIMEOUT" -- bash -c \
-  '"$@"; rc=$?; python3 "$SOFTROCE_PAIR_RSH" --stop "$SOFTROCE_PAIR_PEER" || echo "vm1: could not stop vm2 server" >&2; exit $rc' \
+  '"$@"; rc=$?; timeout 20 python3 "$SOFTROCE_PAIR_RSH" --stop "$SOFTROCE_PAIR_PEER" || echo "vm1: could not stop vm2 server" >&2; exit $rc' \
   run_pair "$@" &
 PID1=$!
 

@@ -136,5 +136,22 @@ dt=$(( ${EPOCHREALTIME/[.,]/} - t0 ))
 expect "hung command is killed by --timeout with 124" "got $rc after $(secs $dt) s" \
   test "$rc" -eq 124 -a "$dt" -lt 30000000
 
+echo "smoke: booting VM for the watchdog check"
+rc=0
+t0=${EPOCHREALTIME/[.,]/}
+SOFTROCE_VM_WATCHDOG=3 "$RUN" --timeout 150 tail -f /dev/null >/dev/null 2>"$tmp/w.err" || rc=$?
+dt=$(( ${EPOCHREALTIME/[.,]/} - t0 ))
+expect "the guest's watchdog stops a hung command with 124, before the host's timeout" \
+  "got $rc after $(secs $dt) s" test "$rc" -eq 124 -a "$dt" -lt 150000000
+sed 's/^/  watchdog run: /' "$tmp/w.err"
+expect "it says so, and where the hung process was in the kernel" "" \
+  sh -c 'grep -q "^vm: timed out: the guest.s watchdog stopped the command after 3 s" "$1" &&
+         grep -q "^== pid [0-9]* (tail) .*tail -f /dev/null" "$1" && grep -q "^     k " "$1"' _ "$tmp/w.err"
+if command -v gdb >/dev/null; then
+  expect "and in user space (gdb)" "" grep -q "^     u #0 " "$tmp/w.err"
+else
+  echo "smoke: NOTE: gdb is not installed here: the watchdog's user stacks are not checked"
+fi
+
 echo "smoke: $passed passed, $failed failed; ${boot_line#vm: }; total $(secs $(( ${EPOCHREALTIME/[.,]/} - T_BEGIN ))) s"
 [[ $failed -eq 0 ]]
