@@ -29,7 +29,7 @@ fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 # saw the emulated link between the guests die: exit 75, and vm_test.sh runs the
 # pair once more (docs/TESTING.md, "A hung VM test says where it hung").
 exit_if_link_down() {
-  timeout 5 bash -c "exec 3<>/dev/tcp/$SOFTROCE_PAIR_PEER/7070" 2>/dev/null && return 0
+  python3 "$SOFTROCE_PAIR_RSH" --probe "$SOFTROCE_PAIR_PEER" && return 0
   echo "LINK DOWN: $1, and $SOFTROCE_PAIR_PEER:7070 cannot be reached: the emulated link" \
     "between the guests stopped carrying packets. This guest's last kernel messages:"
   dmesg | tail -n 20 | sed 's/^/  kernel: /'
@@ -61,12 +61,14 @@ pair_run() {
     echo "  B still runs 90 s after A exited ($a_rc), on a live link; where it is:"
     timeout 60 python3 "$SOFTROCE_PAIR_RSH" "$SOFTROCE_PAIR_PEER" 'bash "$SOFTROCE_VM_STACKS"'
     kill "$b_pid"
-    : >"$work/a"
+    wait "$b_pid"
+    b_rc=124
+  else
+    wait "$b_pid"
+    b_rc=$?
+    sed 's/^/  A: /' "$work/a"
+    sed 's/^/  B: /' "$work/b"
   fi
-  wait "$b_pid"
-  b_rc=$?
-  sed 's/^/  A: /' "$work/a"
-  sed 's/^/  B: /' "$work/b"
   echo "  A exited $a_rc, B exited $b_rc"
   [ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ] || exit_if_link_down "A exited $a_rc, B exited $b_rc"
 }

@@ -270,7 +270,7 @@ watchdog() {
     bash "$SOFTROCE_VM_STACKS"
     if [[ -n ${SOFTROCE_VM_STACKS_PEER:-} && -n ${SOFTROCE_PAIR_RSH:-} ]]; then
       echo "vm: watchdog: and in the peer guest $SOFTROCE_VM_STACKS_PEER, whose server at port 7070" \
-        "$(timeout 5 bash -c "exec 3<>/dev/tcp/$SOFTROCE_VM_STACKS_PEER/7070" 2>/dev/null &&
+        "$(python3 "$SOFTROCE_PAIR_RSH" --probe "$SOFTROCE_VM_STACKS_PEER" &&
            echo "accepts a connection" || echo "CANNOT BE REACHED")":
       timeout 60 python3 "$SOFTROCE_PAIR_RSH" "$SOFTROCE_VM_STACKS_PEER" 'bash "$SOFTROCE_VM_STACKS"' ||
         echo "vm: watchdog: no answer from $SOFTROCE_VM_STACKS_PEER within 60 s (its own watchdog reports)"

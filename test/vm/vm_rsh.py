@@ -5,6 +5,7 @@
   vm_rsh.py HOST CMD [ARGS...]     run CMD ARGS (joined by spaces, as ssh does) with
                                    `bash -c` on HOST; exit with its status
   vm_rsh.py --stop HOST            tell HOST's server to kill what still runs and exit
+  vm_rsh.py --probe HOST           exit 0 if HOST's server accepts a connection within 5 s
 
 It is what Open MPI's rsh launcher needs from ssh (mpirun --mca plm_rsh_agent
 vm_rsh.py starts the remote orted with `vm_rsh.py HOST orted ...`), without ssh,
@@ -144,6 +145,12 @@ def main(argv):
         return serve(argv[1])
     if len(argv) == 2 and argv[0] == "--stop":
         return client(argv[1], "")
+    if len(argv) == 2 and argv[0] == "--probe":
+        try:
+            socket.create_connection((argv[1], PORT), timeout=5).close()
+            return 0
+        except OSError:
+            return 1
     if len(argv) >= 2 and not argv[0].startswith("-"):
         return client(argv[0], " ".join(argv[1:]))
     print(__doc__.split("\n\n")[1], file=sys.stderr)

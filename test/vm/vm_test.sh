@@ -11,8 +11,12 @@ what=$1
 shift
 errlog=$(mktemp "${TEST_TMPDIR:-${TMPDIR:-/tmp}}/vm_test.stderr.XXXXXX")
 # stdout straight through; stderr through tee, kept for the "vm: cannot start" reason.
-{ "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2 3>&-; } 3>&1
-rc=${PIPESTATUS[0]}
+# Sets rc to the command's exit code.
+run_command() {
+  { "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2 3>&-; } 3>&1
+  rc=${PIPESTATUS[0]}
+}
+run_command "$@"
 # 75: the command saw the emulated link between a pair's guests die (QEMU's socket
 # netdev stops carrying one direction, rarely, under load). Not a result: the whole
 # test runs once more on two fresh guests, and must pass there.
@@ -21,8 +25,7 @@ if [[ $rc -eq 75 ]]; then
   echo "RERUN: $what: the link between the two guests died (exit 75, evidence above);"
   echo "running the whole test once more on two fresh guests"
   echo "******************************************************************************"
-  { "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2 3>&-; } 3>&1
-  rc=${PIPESTATUS[0]}
+  run_command "$@"
   [[ $rc -ne 75 ]] || { echo "vm_test: $what: the link died again: a failure"; rc=1; }
 fi
 if [[ $rc -eq 125 ]]; then
