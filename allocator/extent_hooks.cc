@@ -146,7 +146,7 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
 bool Split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
 
 // Never let an extent span two regions: one allocation must have one MR. A
-// right guess of the region map answers with no call (Merge).
+// right guess of the region map answers with no call (MergeRefused).
 __attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void* addr_b,
                                               size_t size_b, bool committed, unsigned arena_ind) {
   Region* a = TheHeap().RegionOf(addr_a, size_a);

@@ -8,7 +8,8 @@
 
 namespace rdmalloc {
 
-// Installs the hooks on arena 0 and creates every automatic arena with them.
+// Sets up the mallctl guard and the class lock's fork stage; every arena,
+// arena 0 included, gets the hooks when jemalloc makes it (rdmj_arena_config).
 // Must run before jemalloc serves any allocation to the program.
 void InstallExtentHooks();
 

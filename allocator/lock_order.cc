@@ -15,6 +15,7 @@ const char* LockRankName(LockRank rank) {
     case LockRank::kApi: return "api";
     case LockRank::kObservers: return "observers";
     case LockRank::kRegion: return "region registration";
+    case LockRank::kDataPath: return "verbs data path";
     case LockRank::kJemalloc: return "jemalloc";
     case LockRank::kHeap: return "heap";
     case LockRank::kReleaseQueue: return "release queue";

@@ -29,15 +29,16 @@ enum class LockRank : uint8_t {
   kApi = 3,          // backend start, the domain table
   kObservers = 4,    // the release observers' table
   kRegion = 5,       // Region::reg_lock: (de)registering one region (ibv_reg_mr mallocs)
+  kDataPath = 6,     // a verbs domain's data path: QP, CQ, staging MR (they malloc)
   // jemalloc's own mutexes, in jemalloc's witness order (ctl_mtx, arenas,
   // background threads, each arena's, base, ...). Its extent hooks run here.
-  kJemalloc = 6,
+  kJemalloc = 7,
   // Taken inside jemalloc's hooks: never held across malloc.
-  kHeap = 7,          // a region store shard (list, page maps), or its descriptor pool
-  kReleaseQueue = 8,  // regions waiting for the release thread
-  kRing = 9,          // a uring domain's slot table and ring (system calls only)
-  kMrTable = 10,      // the interposer's MR records (system calls only)
-  kCount = 11,
+  kHeap = 8,          // a region store shard (list, page maps), or its descriptor pool
+  kReleaseQueue = 9,  // regions waiting for the release thread
+  kRing = 10,         // a uring domain's slot table and ring (system calls only)
+  kMrTable = 11,      // the interposer's MR records (system calls only)
+  kCount = 12,
 };
 
 const char* LockRankName(LockRank rank);

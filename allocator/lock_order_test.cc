@@ -35,7 +35,7 @@ TEST(LockOrder, TakingALowerRankWhileHoldingAHigherOneAborts) {
     api.Lock();
   };
   EXPECT_DEATH(heap_then_api(),
-      "taking 'api' \\(rank 3\\) while holding 'heap' \\(rank 7\\)");
+      "taking 'api' \\(rank 3\\) while holding 'heap' \\(rank 8\\)");
 }
 
 TEST(LockOrder, TwoLocksOfOneRankAbort) {
@@ -56,7 +56,7 @@ TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
         heap.Lock();
         witness::CallingJemalloc();
       },
-      "taking 'jemalloc' \\(rank 6\\) while holding 'heap'");
+      "taking 'jemalloc' \\(rank 7\\) while holding 'heap'");
 }
 
 TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
@@ -71,7 +71,7 @@ TEST(LockOrder, HooksMayOnlyTryLockBelowJemalloc) {
         HookScope in_jemalloc;
         region.Lock();
       },
-      "taking 'region registration' \\(rank 5\\) while holding 'jemalloc' \\(rank 6\\)");
+      "taking 'region registration' \\(rank 5\\) while holding 'jemalloc' \\(rank 7\\)");
 }
 
 TEST(LockOrder, AForkChildForgetsWhatItHeld) {

@@ -1,4 +1,4 @@
-// The one lock of rdmalloc, safe inside jemalloc's extent hooks: no
+// rdmalloc's lock, safe inside jemalloc's extent hooks: no
 // allocation, constant initialisation, and a fork child can reset it (its
 // holder no longer exists). Every lock has its rank in the one lock order
 // (allocator/lock_order.h). The rank is part of the type, not a member: an

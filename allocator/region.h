@@ -1,5 +1,6 @@
 // A region: one block of address space that rdmalloc mapped for jemalloc, the
-// unit of registration. See docs/DESIGN.md ("Regions") for its life cycle.
+// unit of registration. See docs/DESIGN.md ("Regions"; its states under "The
+// extent life cycle").
 #ifndef RDMALLOC_ALLOCATOR_REGION_H_
 #define RDMALLOC_ALLOCATOR_REGION_H_
 

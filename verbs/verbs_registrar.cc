@@ -13,8 +13,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <string>
+
+#include "allocator/mutex.h"
 
 namespace rdmalloc {
 namespace {
@@ -105,7 +106,7 @@ class VerbsDomain final : public Domain {
   int Transfer(const Registration& reg, uintptr_t remote, void* local, size_t n, bool write) {
     if (!HasDataPath(api_)) return ENOTSUP;
     if (forked_) return EOPNOTSUPP;
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard<Mutex<LockRank::kDataPath>> lock(mu_);
     int err = EnsureDataPath();
     if (err != 0) return err;
     auto* cpu = static_cast<uint8_t*>(local);
@@ -304,8 +305,9 @@ class VerbsDomain final : public Domain {
   const bool owns_pd_;
   bool forked_ = false;
 
-  // The data path, made on first use and guarded by mu_.
-  std::mutex mu_;
+  // The data path, made on first use and guarded by mu_, which is held across
+  // ibv_reg_mr and ibv_create_qp (they malloc): ranked below jemalloc.
+  Mutex<LockRank::kDataPath> mu_;
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
   void* staging_ = nullptr;

@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "allocator/lock_order.h"
+#include "allocator/mutex.h"
+
 namespace rdmalloc {
 namespace {
 
@@ -136,6 +139,7 @@ int FakeDeallocPd(ibv_pd* pd) {
   return 0;
 }
 ibv_mr* FakeRegMr(ibv_pd* pd, void* addr, size_t length, int access) {
+  witness::CallingJemalloc();  // libibverbs mallocs here
   g->calls.push_back("reg_mr");
   g->reg_pd = pd;
   g->reg_addr = addr;
@@ -201,6 +205,7 @@ int FakeDestroyCq(ibv_cq* cq) {
   return 0;
 }
 ibv_qp* FakeCreateQp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  witness::CallingJemalloc();  // libibverbs mallocs here
   g->calls.push_back("create_qp");
   EXPECT_EQ(pd, &g->pd);
   if (g->create_qp_errno != 0) {
@@ -879,6 +884,33 @@ TEST_F(DataPathTest, AForkChildDropsTheDataPathWithoutTouchingIt) {
   d.reset();
   EXPECT_TRUE(g->calls.empty()) << "called " << g->calls.front();
 }
+
+#ifdef RDMALLOC_WITNESS
+// The data path's lock has its rank in the one lock order: taken under a
+// region's reg_lock (Heap::Dma), held while the first transfer makes its QP
+// and staging MR, which malloc (the fakes tell the witness), and never under
+// a lock taken inside jemalloc. Built with the witness by
+// verbs_registrar_witness_test, --config=ubsan and --config=tsan.
+TEST_F(DataPathTest, TheDataPathLockKeepsItsRank) {
+  auto d = Open();
+  std::vector<uint8_t> region(4096), buf(16);
+  Registration reg;
+  ASSERT_EQ(d->Register(region.data(), region.size(), &reg), 0);
+  {
+    Mutex<LockRank::kRegion> reg_lock;
+    LockGuard<Mutex<LockRank::kRegion>> held(reg_lock);
+    EXPECT_EQ(d->DmaWrite(reg, region.data(), region.data(), buf.data(), buf.size()), 0);
+  }
+  EXPECT_EQ(g->qp_creates, 1);
+  EXPECT_DEATH(
+      {
+        Mutex<LockRank::kHeap> shard_lock;
+        shard_lock.Lock();
+        d->DmaRead(reg, region.data(), region.data(), buf.data(), buf.size());
+      },
+      "taking 'verbs data path' \\(rank 6\\) while holding 'heap' \\(rank 8\\)");
+}
+#endif
 
 TEST_F(DataPathTest, AnyMissingEntryPointMeansNoDataPath) {
   using Field = std::function<void(VerbsApi*)>;
