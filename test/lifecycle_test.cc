@@ -663,7 +663,9 @@ TEST(Retain, ALargeBlockOfARegisteredRegionIsFreedWithoutAskingTheKernel) {
     ASSERT_NE(p, nullptr);
     memset(p, i, n);
     rdmalloc_keys k;
-    if (i > 0) ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+    if (i > 0) {
+      ASSERT_EQ(rdmalloc_lookup(p, n, nullptr, &k), RDMALLOC_OK);
+    }
     long before = g_mincore_calls.load();
     free(p);
     long calls = g_mincore_calls.load() - before;
