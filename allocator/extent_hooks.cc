@@ -19,11 +19,12 @@ namespace rdmalloc {
 
 RDMALLOC_STARTUP_DATA std::atomic<bool> g_classes_in_use{false};
 
-// The merge hook's answer (true: refused). jemalloc calls it directly for
-// this table (the patch's ehooks_merge): no load of the hook, no indirect
-// call, no unused first argument.
-bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b, bool committed,
-                  unsigned arena_ind) __asm__("rdmj_merge") __attribute__((visibility("hidden")));
+// The merge hook's answer (true: refused), which jemalloc asks for this
+// table directly (the patch's ehooks_merge: no load of the hook, no
+// indirect call, no argument unused) when MergeAsked; it answers false
+// itself for the rest.
+bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b) __asm__("rdmj_merge")
+    __attribute__((visibility("hidden")));
 
 namespace {
 
@@ -59,7 +60,10 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
   if (c != 0) return nullptr;
   // No region could be made (address space or descriptors exhausted): hand out
   // unregistered memory rather than fail the allocation. Lookups report it.
-  void* p = g_default->alloc(g_default, nullptr, size, alignment, zero, commit, arena_ind);
+  // mmap'd, whatever the arena's dss setting: jemalloc merges two foreign
+  // extents that meet inside a chunk without asking (MergeAsked), as its
+  // default hooks allow for mappings, not across the end of its dss.
+  void* p = je_extent_alloc_mmap(nullptr, size, alignment, zero, commit);
   if (p != nullptr) TheHeap().CountForeign();
   return p;
 }
@@ -135,8 +139,9 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
   return g_default->purge_forced(g_default, addr, size, offset, length, arena_ind);
 }
 
-// Split and merge are the hooks jemalloc calls most. Merge runs without its
-// reentrancy guard (see g_hooks): it calls nothing that allocates.
+// Split and merge are the hooks jemalloc calls most. MergeRefused runs
+// without the reentrancy guard (see g_hooks): it calls nothing that
+// allocates.
 //
 // Every split is allowed, with no lookup: inside a region it is jemalloc's
 // bookkeeping, and jemalloc's default hooks, which own any extent outside
@@ -145,16 +150,27 @@ bool PurgeForced(extent_hooks_t*, void* addr, size_t size, size_t offset, size_t
 // stays for whoever reads the table (arena.<i>.extent_hooks) and calls it.
 bool Split(extent_hooks_t*, void*, size_t, size_t, size_t, bool, unsigned) { return false; }
 
-// Never let an extent span two regions: one allocation must have one MR. A
-// right guess of the region map answers with no call (MergeRefused).
-__attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void* addr_b,
-                                              size_t size_b, bool committed, unsigned arena_ind) {
-  Region* a = TheHeap().RegionOf(addr_a, size_a);
-  Region* b = TheHeap().RegionOf(addr_b, size_b);
-  if (a != nullptr || b != nullptr) return a != b;
-  return g_default->merge(g_default, addr_a, size_a, addr_b, size_b, committed, arena_ind);
+// Whether jemalloc asks MergeRefused (the patch's ehooks_merge makes the same
+// two comparisons). Regions own whole chunks, so extents that meet inside a
+// chunk are of one region, or both foreign: an extent may span two regions,
+// or a region and foreign memory, only where b starts a chunk. Smaller than
+// kSmallBlocksCoalesceBelow together, such extents merge.
+bool MergeAsked(const void* addr_b, size_t size_a, size_t size_b) {
+  return (reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) == 0 ||
+         size_a + size_b >= kSmallBlocksCoalesceBelow;
 }
 
+bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b, bool,
+           unsigned) {
+  return MergeAsked(addr_b, size_a, size_b) && MergeRefused(addr_a, size_a, addr_b, size_b);
+}
+
+}  // namespace
+
+// Never let an extent span two regions, or a region and foreign memory: one
+// allocation must have one MR. Foreign extents are mmap'd (Alloc), and
+// jemalloc's default hooks merge any two mappings (they coalesce here).
+//
 // Freed small blocks coalesce to less than kSmallBlocksCoalesceBelow, as
 // stock jemalloc's stop at its mappings' edges (it never merges across two):
 // larger, jemalloc would not split them for its slabs, and from
@@ -162,40 +178,20 @@ __attribute__((noinline)) bool MergeUnguessed(void* addr_a, size_t size_a, void*
 // reuse (mstress at two threads purged 2.8x the bytes of stock jemalloc). A
 // merge with a large block goes ahead: that extent comes back warm and is
 // kept (HowFreed).
-__attribute__((noinline)) bool MergeLarge(void* addr_a, size_t size_a, void* addr_b,
-                                          size_t size_b, bool committed, unsigned arena_ind) {
+bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b) {
   HookScope in_jemalloc;
-  Region* a = TheHeap().RegionOf(addr_a, size_a);
-  Region* b = TheHeap().RegionOf(addr_b, size_b);
-  if (a == nullptr && b == nullptr)
-    return g_default->merge(g_default, addr_a, size_a, addr_b, size_b, committed, arena_ind);
-  if (a != b) return true;
+  Region* r = TheHeap().RegionOf(addr_a, size_a);
+  if ((reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) == 0 &&
+      TheHeap().RegionOf(addr_b, size_b) != r)
+    return true;
+  if (r == nullptr || size_a + size_b < kSmallBlocksCoalesceBelow) return false;
   return g_jemalloc_decays.load(std::memory_order_relaxed) &&
-         TheHeap().HeldBlock(a, addr_a, size_a + size_b) == PageMap::Block::kSmall;
+         TheHeap().HeldBlock(r, addr_a, size_a + size_b) == PageMap::Block::kSmall;
 }
 
-bool Merge(extent_hooks_t*, void* addr_a, size_t size_a, void* addr_b, size_t size_b,
-           bool committed, unsigned arena_ind) {
-  return MergeRefused(addr_a, size_a, addr_b, size_b, committed, arena_ind);
-}
-
-}  // namespace
-
-// Regions own whole chunks, so extents that meet inside a chunk (b not on a
-// chunk boundary) are in that chunk's region, or both foreign.
-bool MergeRefused(void* addr_a, size_t size_a, void* addr_b, size_t size_b, bool committed,
-                  unsigned arena_ind) {
-  if (size_a + size_b >= kSmallBlocksCoalesceBelow)
-    return MergeLarge(addr_a, size_a, addr_b, size_b, committed, arena_ind);
-  if ((reinterpret_cast<uintptr_t>(addr_b) & (kChunkSize - 1)) != 0 &&
-      TheHeap().GuessRegionOf(addr_b, size_b) != nullptr)
-    return false;
-  return MergeUnguessed(addr_a, size_a, addr_b, size_b, committed, arena_ind);
-}
-
-// Named for jemalloc, which calls this table's merge hook without its
-// reentrancy guard, and answers for its split hook without a call
-// (third_party/jemalloc_rdmalloc.patch, ehooks.h): that guard's two
+// Named for jemalloc, which answers for this table's split hook and most
+// merges itself, and calls MergeRefused for the rest without its reentrancy
+// guard (third_party/jemalloc_rdmalloc.patch, ehooks.h): that guard's two
 // tsd_slow_update() calls cost more than the hooks themselves.
 extent_hooks_t g_hooks __asm__("rdmj_extent_hooks") __attribute__((visibility("hidden"))) = {
     Alloc, Dalloc, Destroy, Commit, Decommit, PurgeLazy, PurgeForced, Split, Merge};
@@ -295,6 +291,11 @@ const size_t rdmj_return_at_once = rdmalloc::kLargeReturnedAtOnce;
 // cache: a loop over such 1-32 MiB blocks peaked at 2.3x jemalloc's RSS.
 extern const size_t rdmj_large_block_returned __attribute__((visibility("hidden")));
 const size_t rdmj_large_block_returned = rdmalloc::kLargeBlock;
+// What jemalloc's ehooks_merge, patched, needs for MergeAsked.
+extern const uintptr_t rdmj_merge_chunk_mask __attribute__((visibility("hidden")));
+const uintptr_t rdmj_merge_chunk_mask = rdmalloc::kChunkSize - 1;
+extern const size_t rdmj_merge_asked_from __attribute__((visibility("hidden")));
+const size_t rdmj_merge_asked_from = rdmalloc::kSmallBlocksCoalesceBelow;
 // MALLOC_CONF's dirty_decay_ms, once jemalloc has booted.
 extern __attribute__((visibility("hidden"))) ssize_t je_opt_dirty_decay_ms;
 }

@@ -42,6 +42,9 @@ void je_malloc_mutex_postfork_child(void* tsdn, JemallocMutex* mutex);
 
 // jemalloc's own hooks (mmap and madvise), for memory that is not rdmalloc's.
 extern const extent_hooks_t je_ehooks_default_extent_hooks;
+// What those hooks map memory with when they do not use the dss (sbrk).
+void* je_extent_alloc_mmap(void* new_addr, size_t size, size_t alignment, bool* zero,
+                           bool* commit);
 // What every arena is made with (jemalloc's arena_config_default, as its
 // users see it; defined by rdmalloc, see third_party/import_jemalloc.sh).
 extern const ArenaConfig rdmj_arena_config;

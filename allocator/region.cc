@@ -142,10 +142,13 @@ bool PageMap::AnySet(const uint64_t* bits, size_t first, size_t n) const {
   if (n == 0) return false;
   size_t end = first + n, w = first / 64, last = (end - 1) / 64;
   if (w == last) return (bits[w] & Bits(first % 64, end - w * 64)) != 0;
-  if (bits[w] & Bits(first % 64, 64)) return true;
-  for (size_t i = w + 1; i < last; i++)
-    if (bits[i] != 0) return true;
-  return (bits[last] & Bits(0, end - last * 64)) != 0;
+  // Or-ed four words at a time, with no branch per word: the ranges asked
+  // about are mostly clear (a free range, an extent of small blocks only).
+  uint64_t any = (bits[w] & Bits(first % 64, 64)) | (bits[last] & Bits(0, end - last * 64));
+  size_t i = w + 1;
+  for (; i + 4 <= last; i += 4) any |= bits[i] | bits[i + 1] | bits[i + 2] | bits[i + 3];
+  for (; i < last; i++) any |= bits[i];
+  return any != 0;
 }
 
 void PageMap::SetRange(uint64_t* bits, size_t first, size_t n, bool value) {

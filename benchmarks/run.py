@@ -217,44 +217,63 @@ def count_instructions(binary, args, allocator):
     return int(collected[-1]), int(fields["ops"])
 
 
-def instructions():
+def instructions(runs):
+    """Each workload `runs` times per allocator, interleaved; the median of each allocator's
+    counts. jemalloc's decay purges by the clock, so two runs of one program differ by up to a
+    few tenths of a percent (xmalloc most: its producer and consumer threads interleave)."""
     rows = []
     for name in WORKLOADS:
         binary = os.path.join(BIN, "benchmarks", "workloads", name)
         scale = INSTRUCTION_SCALES[name]
         fresh_copies(WORKLOAD_ALLOCATORS)
-        row = {"workload": name, "scale": scale}
+        row = {"workload": name, "scale": scale, "runs": runs}
+        counts = {a: [] for a in WORKLOAD_ALLOCATORS}
+        ops = set()
+        for i in range(runs):
+            for a in round_order(i, WORKLOAD_ALLOCATORS):
+                n, o = count_instructions(binary, ["1", str(scale)], a)
+                counts[a].append(n)
+                ops.add(o)
+        if len(ops) != 1:
+            raise RuntimeError(f"{name}: operation counts differ between runs: {sorted(ops)}")
         for a in WORKLOAD_ALLOCATORS:
-            row[a], row[a + "_ops"] = count_instructions(binary, ["1", str(scale)], a)
-        if len({row[a + "_ops"] for a in WORKLOAD_ALLOCATORS}) != 1:
-            raise RuntimeError(f"{name}: operation counts differ between allocators: {row}")
+            row[a] = median(counts[a])
+            row[a + "_runs"] = counts[a]
+            row[a + "_ops"] = next(iter(ops))
         rows.append(row)
-        print(f"instructions {name:14s} " + " ".join(f"{a}={row[a]:,}" for a in WORKLOAD_ALLOCATORS)
-              + f" rdm/jem={row['rdmalloc'] / row['jemalloc']:.4f}", flush=True)
+        print(f"instructions {name:14s} " + " ".join(f"{a}={row[a]:,.0f}" for a in WORKLOAD_ALLOCATORS)
+              + f" rdm/jem={row['rdmalloc'] / row['jemalloc']:.4f}"
+              + f" A/A={row[JEMALLOC_AGAIN] / row['jemalloc']:.4f}", flush=True)
     return rows
 
 
 def instruction_table(L, rows, git):
     L.append("## Instructions executed (callgrind)\n")
-    L.append("Each workload once per allocator under valgrind's callgrind, at 1 thread (xmalloc: "
-             "one producer and one consumer, whose interleaving the A/A column shows) and the "
-             "scale shown (`valgrind --tool=callgrind env LD_PRELOAD=LIB WORKLOAD 1 SCALE`), "
+    runs = rows[0].get("runs", 1) if rows else 1
+    L.append(f"Each workload {runs} times per allocator, interleaved, under valgrind's callgrind, "
+             "at 1 thread (xmalloc: one producer and one consumer) and the scale shown "
+             "(`valgrind --tool=callgrind env LD_PRELOAD=LIB WORKLOAD 1 SCALE`), "
              f"rdmalloc {git}: every instruction the process executes in user space, the "
-             "workload's own included. Unlike the times above, these counts do not depend on the "
-             "machine's load, so they show differences of a fraction of a percent. They leave out "
-             "cache misses, page faults and the kernel's time (large_blocks' lead, page faults "
-             "not taken, is not in them). *A/A* is a second copy of jemalloc: what is left of "
-             "timing in the counts (jemalloc's decay purges by the clock). *extra per op* is "
-             "(rdmalloc − jemalloc) / operations.\n")
+             "workload's own included; the median of each allocator's runs. Unlike the times "
+             "above, these counts barely depend on the machine's load, so they show differences "
+             "of a fraction of a percent. Barely: jemalloc's decay purges by the clock, so two "
+             "runs of one program under one allocator differ by up to a few tenths of a percent "
+             "(*runs*: the spread of jemalloc's, (max − min) / median). They leave out cache "
+             "misses, page faults and the kernel's time (large_blocks' lead, page faults not "
+             "taken, is not in them). *A/A* is a second copy of jemalloc, counted the same way. "
+             "*extra per op* is (rdmalloc − jemalloc) / operations.\n")
     L.append("| workload | scale | operations | glibc | jemalloc | rdmalloc | "
-             "rdmalloc / jemalloc | A/A | extra per op | rdmalloc / glibc |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+             "rdmalloc / jemalloc | A/A | runs | extra per op | rdmalloc / glibc |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ops = r["rdmalloc_ops"]
+        jem_runs = r.get("jemalloc_runs", [r["jemalloc"]])
+        spread = (max(jem_runs) - min(jem_runs)) / r["jemalloc"]
         L.append(f"| {r['workload']} | {r['scale']:g} | {ops:,} | {r['glibc'] / 1e6:,.1f} M | "
                  f"{r['jemalloc'] / 1e6:,.1f} M | {r['rdmalloc'] / 1e6:,.1f} M | "
                  f"**{r['rdmalloc'] / r['jemalloc']:.4f}** | "
                  f"{r[JEMALLOC_AGAIN] / r['jemalloc']:.4f} | "
+                 f"{spread * 100:.2f} % | "
                  f"{(r['rdmalloc'] - r['jemalloc']) / ops:+.1f} | "
                  f"{r['rdmalloc'] / r['glibc']:.3f} |")
     L.append("")
@@ -738,6 +757,8 @@ def main():
                     help="run only the timed allocator workloads (--rounds, --threads) into "
                          "docs/benchmarks.json")
     ap.add_argument("--mpi-iters", type=int, default=10)
+    ap.add_argument("--instruction-runs", type=int, default=5,
+                    help="callgrind runs per workload and allocator (the median is reported)")
     args = ap.parse_args()
     if args.render_only:
         with open(os.path.join(os.path.dirname(args.out), "benchmarks.json")) as f:
@@ -746,7 +767,8 @@ def main():
     global BIN
     # One section anew, into the saved results: (its target, its key, how to run it).
     only = {"mpi": ("//examples/mpi:mpi_pingpong", lambda: mpi_vm(args.mpi_iters)),
-            "instructions": ("//benchmarks/workloads/...", instructions),
+            "instructions": ("//benchmarks/workloads/...",
+                             lambda: instructions(args.instruction_runs)),
             "rows": ("//benchmarks/workloads/...",
                      lambda: workloads(args.rounds, [int(t) for t in args.threads.split(",")])),
             "reg_mr": ("//benchmarks:reg_mr_benchmark",
@@ -777,7 +799,7 @@ def main():
                    cwd=ROOT, check=True)
     BIN = sh(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT).strip()
     rows = workloads(args.rounds, [int(t) for t in args.threads.split(",")])
-    instruction_rows = instructions()
+    instruction_rows = instructions(args.instruction_runs)
     scale_rows = scaling(args.rounds)
     start_rows = startup(args.startup_runs)
     per, keys, steady = message_path(args.min_time)

@@ -230,6 +230,7 @@ TEST(ExtentHooks, MergeJoinsExtentsOfOneRegionOnly) {
   ASSERT_NE(m, MAP_FAILED);
   const uintptr_t f = (reinterpret_cast<uintptr_t>(m) + kChunk - 1) & ~(kChunk - 1);
   EXPECT_FALSE(merge(f, f + kPage)) << "foreign, inside a chunk";
+  EXPECT_FALSE(merge(f + kChunk - kPage, f + kChunk)) << "foreign, across a chunk";
   EXPECT_TRUE(h->merge(h, reinterpret_cast<void*>(f), kPage, reinterpret_cast<void*>(base), kPage,
                        true, 0))
       << "foreign and a region";
