@@ -73,7 +73,7 @@ void* Alloc(extent_hooks_t*, void* new_addr, size_t size, size_t alignment, bool
 std::atomic<bool> g_jemalloc_decays{true};
 
 // An extent of smaller blocks only comes back when jemalloc's decay lets it
-// go, past kLargeReturnedAtOnce (MergeLarge keeps jemalloc from coalescing
+// go, past kLargeReturnedAtOnce (MergeRefused keeps jemalloc from coalescing
 // them that far, but an arena's end gives back anything), or when a purge
 // asks for it: cold, as stock jemalloc purges it (kept, they raised mstress's
 // peak RSS to 1.09x jemalloc's). An extent that holds a large block comes
