@@ -139,7 +139,7 @@ void Heap::FreeExtent(Region* r, void* addr, size_t size, Freed how, PageMap::Bl
   uint64_t idle = 0, now = NowNs();
   if (store_.EndIdleEpoch(now, kIdleEpochNs, &idle) && idle != 0 && !release_.observed())
     PurgeFreePages(idle << kPageShift, /*may_wait=*/false);
-  if (store_.untouched_bytes() != 0 && !release_.observed() && store_.SweepDue(now, kSweepNs))
+  if (store_.untouched_bytes() != 0 && !release_.observed() && store_.SweepDue(now, kSweepNs, kSweepGives))
     PurgeFreePages(UINT64_MAX, /*may_wait=*/false, PageMap::Which::kUntouched);
   store_.LeaveFree(shard);
 }

@@ -298,10 +298,14 @@ bool RegionStore::EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns, uint64_t* idl
   return true;
 }
 
-bool RegionStore::SweepDue(uint64_t now_ns, uint64_t interval_ns) {
+bool RegionStore::SweepDue(uint64_t now_ns, uint64_t interval_ns, uint64_t gives) {
   uint64_t last = last_sweep_ns_.load(std::memory_order_relaxed);
-  return now_ns - last >= interval_ns &&
-         last_sweep_ns_.compare_exchange_strong(last, now_ns, std::memory_order_relaxed);
+  if (now_ns - last < interval_ns && untouched_gives_.load(std::memory_order_relaxed) < gives)
+    return false;
+  if (!last_sweep_ns_.compare_exchange_strong(last, now_ns, std::memory_order_relaxed))
+    return false;
+  untouched_gives_.store(0, std::memory_order_relaxed);
+  return true;
 }
 
 PageMap::Block RegionStore::BlockOf(const Shard& s, size_t n, size_t new_pages) const {
@@ -372,6 +376,7 @@ RegionStore::Gave RegionStore::Give(Region* r, void* addr, size_t size, size_t p
   if (n - purged > kept) {
     r->pages.GiveUntouched(first + kept, n - purged - kept);
     untouched_pages_.fetch_add(n - purged - kept, std::memory_order_relaxed);
+    untouched_gives_.fetch_add(1, std::memory_order_relaxed);
   }
   if (purged > 0) r->pages.Give(first + n - purged, purged, true);
   retained_pages_.fetch_add(kept, std::memory_order_relaxed);

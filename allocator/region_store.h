@@ -172,8 +172,9 @@ class RegionStore {
   // one caller gets true and that count in *idle_pages, to purge (the others
   // false), and the next epoch begins.
   bool EndIdleEpoch(uint64_t now_ns, uint64_t epoch_ns, uint64_t* idle_pages);
-  // True for one caller once `interval_ns` has passed since the last time.
-  bool SweepDue(uint64_t now_ns, uint64_t interval_ns);
+  // True for one caller once `interval_ns` has passed since the last time,
+  // or once `gives` frees have given back untouched pages since then.
+  bool SweepDue(uint64_t now_ns, uint64_t interval_ns, uint64_t gives);
   // Free untouched pages (PageMap::GiveUntouched) over all regions: while
   // none exist, a sweep need not visit every region.
   uint64_t untouched_bytes() const {
@@ -280,6 +281,7 @@ class RegionStore {
   bool huge_pages_ = false;
   std::atomic<uint64_t> retained_pages_{0}, untouched_pages_{0};
   std::atomic<uint64_t> idle_floor_pages_{0}, idle_epoch_start_ns_{0}, last_sweep_ns_{0};
+  std::atomic<uint64_t> untouched_gives_{0};  // since the last sweep
   Mutex<LockRank::kHeap> pool_lock_;  // never held with a shard lock
   Region* free_descriptors_ = nullptr;
   std::atomic<size_t> descriptors_used_{0};

@@ -713,6 +713,36 @@ TEST(RegionStoreTest, PurgedBytesAreTheTailOfTheExtent) {
 }
 
 
+// Heap sweeps untouched pages by the clock and by count: a freed sparse
+// block's tail may hold pages the program did touch (sparse_blocks writes
+// each block's last byte), resident until the sweep. By the clock alone, a
+// machine that frees blocks twice as fast kept twice as many: sparse_blocks
+// at 2 threads peaked at 1.07-1.31x jemalloc's RSS where it had peaked at
+// 0.83x; after a count of 256 frees too, 0.58-0.65x.
+TEST(RegionStoreTest, TheSweepIsDueAfterSoManyUntouchedGivesNotOnlyByTheClock) {
+  g_store.set_region_size(64 * kMiB);
+  g_store.set_retain(256 * kMiB);
+  const uint64_t second = 1000 * 1000 * 1000, now = uint64_t{1} << 62;
+  const uint64_t gives = 3;
+  ASSERT_TRUE(g_store.SweepDue(now, second, gives)) << "never swept yet";
+  EXPECT_FALSE(g_store.SweepDue(now, second, gives));
+  const unsigned arena = 15;
+  for (uint64_t i = 0; i < gives; i++) {
+    RegionStore::Extent block;
+    ASSERT_TRUE(g_store.Carve(arena, 0, nullptr, 4 * kMiB, 4096, &block));
+    EXPECT_FALSE(g_store.SweepDue(now, second, gives)) << "after " << i << " untouched gives";
+    // Kept whole: no untouched pages, so it does not count.
+    ASSERT_NE(g_store.Give(block.region, block.addr, 4 * kMiB), RegionStore::Gave::kEmpty);
+    EXPECT_FALSE(g_store.SweepDue(now, second, gives)) << "a block kept whole counted";
+    ASSERT_TRUE(g_store.Carve(arena, 0, block.addr, 4 * kMiB, 4096, &block));
+    RegionStore::Gave gave = g_store.Give(block.region, block.addr, 4 * kMiB, 0, 64 << 10);
+    if (gave == RegionStore::Gave::kEmpty) g_store.Unmap(block.region);
+  }
+  EXPECT_TRUE(g_store.SweepDue(now, second, gives)) << "within a second of the last sweep";
+  EXPECT_FALSE(g_store.SweepDue(now, second, gives)) << "the count starts again";
+  EXPECT_TRUE(g_store.SweepDue(now + second, second, gives)) << "the clock still counts";
+}
+
 // A sparse large block (a buffer sized for the largest message, of which a
 // program writes the head) keeps its resident head; the rest is untouched:
 // not counted as kept, and not what placement looks for. The next large
