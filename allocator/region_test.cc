@@ -713,12 +713,8 @@ TEST(RegionStoreTest, PurgedBytesAreTheTailOfTheExtent) {
 }
 
 
-// Heap sweeps untouched pages by the clock and by count: a freed sparse
-// block's tail may hold pages the program did touch (sparse_blocks writes
-// each block's last byte), resident until the sweep. By the clock alone, a
-// machine that frees blocks twice as fast kept twice as many: sparse_blocks
-// at 2 threads peaked at 1.07-1.31x jemalloc's RSS where it had peaked at
-// 0.83x; after a count of 256 frees too, 0.58-0.65x.
+// Heap sweeps untouched pages by the clock and by count (Heap::kSweepGives
+// says why): only frees that gave untouched pages back count.
 TEST(RegionStoreTest, TheSweepIsDueAfterSoManyUntouchedGivesNotOnlyByTheClock) {
   g_store.set_region_size(64 * kMiB);
   g_store.set_retain(256 * kMiB);
