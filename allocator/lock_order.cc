@@ -54,6 +54,12 @@ void Acquiring(LockRank rank) {
   }
 }
 
+void AcquiringInSeries(LockRank rank) {
+  for (int r = static_cast<int>(rank) + 1; r < kRanks; r++) {
+    if (t_held[r] != 0) Violation(rank, r);
+  }
+}
+
 void Acquired(LockRank rank) { t_held[static_cast<int>(rank)]++; }
 
 void Released(LockRank rank) { t_held[static_cast<int>(rank)]--; }

@@ -1,10 +1,12 @@
 // The one lock order of the process's allocator: rdmalloc's locks and
 // jemalloc's, as docs/DESIGN.md ("Lock order") writes it. A thread may take a
 // lock only while every lock it holds ranks lower; TryLock may be used at any
-// rank (it cannot wait). jemalloc's mutexes are one rank, kJemalloc: code
-// that holds a lock ranked above it must never call malloc (jemalloc may wait
-// for a lock held by a thread that waits for ours), and code that runs inside
-// jemalloc (its extent hooks) may only TryLock locks ranked below it.
+// rank (it cannot wait). Only the fork protocol holds several locks of one
+// rank, taken in one fixed order (Mutex::LockInSeries). jemalloc's mutexes
+// are one rank, kJemalloc: code that holds a lock ranked above it must never
+// call malloc (jemalloc may wait for a lock held by a thread that waits for
+// ours), and code that runs inside jemalloc (its extent hooks) may only
+// TryLock locks ranked below it.
 //
 // The fork protocol (allocator/fork.h) takes the locks that take part in
 // fork in exactly this order, jemalloc's included.
@@ -46,6 +48,7 @@ const char* LockRankName(LockRank rank);
 namespace witness {
 #ifdef RDMALLOC_WITNESS
 void Acquiring(LockRank rank);  // before a blocking acquisition: checks the order
+void AcquiringInSeries(LockRank rank);  // Mutex::LockInSeries: others of its rank may be held
 void Acquired(LockRank rank);   // after any acquisition (Lock or a successful TryLock)
 void Released(LockRank rank);
 // jemalloc as a lock: entering it (malloc and friends) and running inside it
@@ -56,6 +59,7 @@ void LeaveHook();
 void ForgetHeld();  // a fork child: every lock was reset
 #else
 inline void Acquiring(LockRank) {}
+inline void AcquiringInSeries(LockRank) {}
 inline void Acquired(LockRank) {}
 inline void Released(LockRank) {}
 inline void CallingJemalloc() {}

@@ -49,6 +49,26 @@ TEST(LockOrder, TwoLocksOfOneRankAbort) {
       "taking 'region registration'");
 }
 
+// The fork protocol's series: locks of one rank, each taken while the
+// earlier ones are held; anything ranked above them still aborts.
+TEST(LockOrder, ASeriesOfOneRankIsAllowedButNotBelowAHigherRank) {
+  Mutex<LockRank::kHeap> shard_a, shard_b, pool;
+  shard_a.LockInSeries();
+  shard_b.LockInSeries();
+  pool.LockInSeries();
+  pool.Unlock();
+  shard_b.Unlock();
+  shard_a.Unlock();
+  EXPECT_DEATH(
+      {
+        Mutex<LockRank::kReleaseQueue> queue;
+        Mutex<LockRank::kHeap> shard;
+        queue.Lock();
+        shard.LockInSeries();
+      },
+      "taking 'heap' \\(rank 8\\) while holding 'release queue' \\(rank 9\\)");
+}
+
 TEST(LockOrder, CallingJemallocWhileHoldingAHookLockAborts) {
   EXPECT_DEATH(
       {

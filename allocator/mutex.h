@@ -43,6 +43,15 @@ class Mutex {
     if (!state_.compare_exchange_strong(free, kHeld)) LockContended();
     witness::Acquired(kRank);
   }
+  // The next of several locks of this rank, all taken in one fixed order
+  // (only the fork protocol holds more than one): it may wait, since every
+  // thread that holds two takes them in that order.
+  void LockInSeries() {
+    witness::AcquiringInSeries(kRank);
+    uint32_t free = kFree;
+    if (!state_.compare_exchange_strong(free, kHeld)) LockContended();
+    witness::Acquired(kRank);
+  }
   void Unlock() {
     witness::Released(kRank);
     if (state_.exchange(kFree) == kSleepers) FutexWake(&state_, 1);

@@ -544,14 +544,12 @@ uint64_t RegionStore::shard_lock_waits() const {
   return waits;
 }
 
-// Nobody else ever holds two of these locks, so taking them all in index
-// order cannot deadlock. TryLock: the witness forbids waiting for a second
-// lock of one rank, which is right everywhere but here.
+// Nobody else ever holds two of these locks, so taking them all in one order
+// (shards by index, then the pool) cannot deadlock; waiting for each asleep
+// lets its holder run (yielding in a loop burnt a core for as long).
 void RegionStore::LockAllForFork() {
-  for (Shard& s : shards_) {
-    while (!s.lock.TryLock()) sched_yield();
-  }
-  while (!pool_lock_.TryLock()) sched_yield();
+  for (Shard& s : shards_) s.lock.LockInSeries();
+  pool_lock_.LockInSeries();
 }
 
 void RegionStore::UnlockAllAfterFork() {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
+#include <time.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rdmalloc {
@@ -737,6 +740,36 @@ TEST(RegionStoreTest, TheSweepIsDueAfterSoManyUntouchedGivesNotOnlyByTheClock) {
   EXPECT_TRUE(g_store.SweepDue(now, second, gives)) << "within a second of the last sweep";
   EXPECT_FALSE(g_store.SweepDue(now, second, gives)) << "the count starts again";
   EXPECT_TRUE(g_store.SweepDue(now + second, second, gives)) << "the clock still counts";
+}
+
+uint64_t ThreadCpuNs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return uint64_t(t.tv_sec) * 1000000000 + uint64_t(t.tv_nsec);
+}
+
+// The fork protocol waits for a shard lock someone else holds asleep: it
+// used to TryLock and yield in a loop, burning a core for as long as the
+// holder kept it (and under SCHED_FIFO, starving a holder on its core).
+TEST(RegionStoreTest, ForkWaitsAsleepForLocksHeldElsewhere) {
+  g_store.LockAllForFork();  // this thread holds every shard and the pool
+  std::atomic<bool> locked{false};
+  uint64_t waiter_cpu_ns = 0;
+  std::thread forker([&] {
+    uint64_t start = ThreadCpuNs();
+    g_store.LockAllForFork();
+    waiter_cpu_ns = ThreadCpuNs() - start;
+    locked = true;
+    g_store.UnlockAllAfterFork();
+  });
+  const uint64_t held_ns = 300 * 1000 * 1000;
+  timespec hold = {0, static_cast<long>(held_ns)};
+  nanosleep(&hold, nullptr);
+  EXPECT_FALSE(locked.load()) << "took locks another thread held";
+  g_store.UnlockAllAfterFork();
+  forker.join();
+  EXPECT_TRUE(locked.load());
+  EXPECT_LT(waiter_cpu_ns, held_ns / 10) << "the waiter spun while the holder slept";
 }
 
 // A sparse large block (a buffer sized for the largest message, of which a
