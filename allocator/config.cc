@@ -9,6 +9,10 @@
 namespace rdmalloc {
 namespace {
 
+// Most environments hold no RDMALLOC_* variable: one byte decides for most
+// entries (strncmp for each cost more than parsing the rest).
+bool IsRdmallocVariable(const char* e) { return e[0] == 'R' && strncmp(e, "RDMALLOC_", 9) == 0; }
+
 // Copies a value for display: one line whatever it holds.
 void Shown(const char* value, char* out, size_t cap) {
   size_t n = 0;
@@ -154,11 +158,15 @@ void JoinOptionWords(const OptionValues& values, const char* sep, char* out, siz
   }
 }
 
-Config ParseConfig(EnvFn env, WarnFn warn) {
+namespace {
+
+// values(i): kOptions[i]'s value, or nullptr if it is not set.
+template <typename Values>
+Config ParseValues(Values values, WarnFn warn) {
   Config c;
   bool set[kOptionCount] = {};  // a valid value was used
   for (size_t i = 0; i < kOptionCount; i++) {
-    const char* v = env(kOptions[i].name);
+    const char* v = values(i);
     if (v == nullptr) continue;
     set[i] = ParseOption(kOptions[i], v, &c);
     if (!set[i]) Warn(warn, kOptions[i], v);
@@ -195,10 +203,31 @@ Config ParseConfig(EnvFn env, WarnFn warn) {
   return c;
 }
 
+}  // namespace
+
+Config ParseConfig(EnvFn env, WarnFn warn) {
+  return ParseValues([env](size_t i) { return env(kOptions[i].name); }, warn);
+}
+
+Config ParseEnvironment(const char* const* envp, WarnFn warn) {
+  const char* values[kOptionCount] = {};
+  for (; envp != nullptr && *envp != nullptr; envp++) {
+    const char* e = *envp;
+    if (!IsRdmallocVariable(e)) continue;
+    for (size_t i = 0; i < kOptionCount; i++) {
+      size_t len = strlen(kOptions[i].name);
+      // The first entry of a name, as getenv answers.
+      if (values[i] == nullptr && strncmp(e, kOptions[i].name, len) == 0 && e[len] == '=')
+        values[i] = e + len + 1;
+    }
+  }
+  return ParseValues([&values](size_t i) { return values[i]; }, warn);
+}
+
 void WarnUnknownVariables(const char* const* envp, WarnFn warn) {
   for (; envp != nullptr && *envp != nullptr; envp++) {
     const char* e = *envp;
-    if (strncmp(e, "RDMALLOC_", 9) != 0) continue;
+    if (!IsRdmallocVariable(e)) continue;
     const char* eq = strchr(e, '=');
     size_t len = eq != nullptr ? static_cast<size_t>(eq - e) : strlen(e);
     bool known = false;

@@ -313,6 +313,44 @@ TEST_F(ConfigTest, MixedGoodAndBad) {
   EXPECT_NE(g_warnings[3].find("RDMALLOC_VERBOSE=\"9\""), std::string::npos) << g_warnings[3];
 }
 
+// The environment read in one pass answers as getenv does: the first entry
+// of a name, names that only share a prefix (RDMALLOC_STATS, _STATS_FILE)
+// kept apart, other variables and bare names ignored; the same config and the
+// same warnings, in the same order, as parsing through getenv.
+TEST_F(ConfigTest, OnePassOverTheEnvironmentReadsWhatGetenvWould) {
+  g_env = {{"RDMALLOC_BACKEND", "verbs"},     {"RDMALLOC_DEVICE", ""},
+           {"RDMALLOC_STATS_FILE", "/tmp/s"}, {"RDMALLOC_REGISTER", "eager"},
+           {"RDMALLOC_STATS", "maybe"},       {"RDMALLOC_DECAY_MS", "250"},
+           {"RDMALLOC_REGION_SIZE", "128M"}};
+  Config want = Parse();
+  std::vector<std::string> want_warnings = g_warnings;
+  g_warnings.clear();
+  const char* envp[] = {"PATH=/usr/bin",
+                        "RDMALLOC_STATS_FILE=/tmp/s",
+                        "RDMALLOC_BACKEND=verbs",
+                        "RDMALLOC_DEVICE=",
+                        "RDMALLOC_REGISTER=eager",
+                        "RDMALLOC_STATS=maybe",
+                        "RDMALLOC_STATS=json",  // a second entry: getenv reads the first
+                        "RDMALLOC_DECAY_MS",    // no '=': not a value
+                        "RDMALLOC_DECAY_MS=250",
+                        "XRDMALLOC_VERBOSE=3",
+                        "RDMALLOC_REGION_SIZEX=1G",
+                        "RDMALLOC_REGION_SIZE=128M",
+                        nullptr};
+  Config got = ParseEnvironment(envp, &CaptureWarn);
+  ExpectSameConfig(got, want);
+  EXPECT_EQ(g_warnings, want_warnings);
+  EXPECT_EQ(got.decay_ms, 250);
+  EXPECT_EQ(got.region_size, 128 * kM);
+  EXPECT_STREQ(got.stats_file, "/tmp/s");
+  const char* empty[] = {nullptr};
+  g_warnings.clear();
+  ExpectSameConfig(ParseEnvironment(empty, &CaptureWarn), Config{});
+  ExpectSameConfig(ParseEnvironment(nullptr, &CaptureWarn), Config{});
+  EXPECT_TRUE(g_warnings.empty());
+}
+
 // --- ParseSize ---
 
 struct SizeCase {

@@ -17,12 +17,14 @@ namespace rdmalloc {
 // On a page boundary, so that the state a program's start writes lies on
 // as few pages as heap.h's member order allows (3, one a region map slot);
 // at the offset the linker chose, an earlier layout took one more. (clang wants
-// alignas before the attribute.)
+// alignas before the attribute.) In .lbss, after .bss: aligned there, it
+// made all of .bss start on a page of its own, and crtstuff's flag first in
+// .bss cost two page faults at exit (test/packaging_test.sh).
 alignas(kPageSize)
 #if defined(__clang__)
 __attribute__((require_constant_initialization))
 #endif
-Heap g_heap;
+__attribute__((section(".lbss.rdmalloc_heap"))) Heap g_heap;
 
 namespace {
 std::atomic<unsigned> g_next_stripe{0};

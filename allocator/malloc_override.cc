@@ -53,8 +53,6 @@ void WarnLine(const char* line) {
   (void)ignored;
 }
 
-const char* GetEnv(const char* name) { return getenv(name); }
-
 // The first stage of the fork protocol: a fork waits for a start-up under way
 // in another thread (it calls jemalloc); the child restarts at its next call.
 void WaitForInitialisation();
@@ -65,7 +63,7 @@ void Initialise() {
   init.prepare = WaitForInitialisation;
   init.child = ForkChildRestart;
   SetForkHandlers(LockRank::kInit, init);
-  Config config = ParseConfig(GetEnv, WarnLine);
+  Config config = ParseEnvironment(environ, WarnLine);
   WarnUnknownVariables(environ, WarnLine);
   TheHeap().Configure(config);
   InstallExtentHooks();
@@ -230,7 +228,7 @@ void IgnoreLine(const char*) {}
 // because dlsym and dladdr take the loader lock: this thread holds it already
 // here, while at the first malloc another thread could hold it and wait for us.
 __attribute__((constructor)) void NoteAnotherMalloc() {
-  if (ParseConfig(GetEnv, IgnoreLine).verbose == 0) return;
+  if (ParseEnvironment(environ, IgnoreLine).verbose == 0) return;
   void* process_malloc = dlsym(RTLD_DEFAULT, "malloc");
   void* process_free = dlsym(RTLD_DEFAULT, "free");
   if (process_malloc == nullptr || process_free == nullptr ||

@@ -13,11 +13,12 @@
 #include "allocator/log.h"
 #include "allocator/rdmalloc.h"
 
+extern char** environ;
+
 namespace rdmalloc {
 namespace {
 
 void Ignore(const char*) {}  // problems were reported when malloc started
-const char* GetEnv(const char* name) { return getenv(name); }
 
 void Complain(const char* cache, int rc) {
   char line[256];
@@ -30,7 +31,7 @@ void Complain(const char* cache, int rc) {
 }
 
 __attribute__((constructor)) void NotifyFromEnv() {
-  int notify = ParseConfig(GetEnv, Ignore).notify;
+  int notify = ParseEnvironment(environ, Ignore).notify;
   if (notify & kNotifyUcx) {
     int rc = rdmalloc_notify_ucx();
     if (rc != RDMALLOC_OK) Complain("ucx", rc);

@@ -232,8 +232,10 @@ Region* RegionStore::NewRegion(unsigned shard, size_t size, size_t alignment,
   size_t npages = bytes >> kPageShift;
   size_t words_bytes =
       RoundUp(PageMap::kBitmaps * PageMap::WordsFor(npages) * sizeof(uint64_t), kPageSize);
-  void* words = mmap(nullptr, words_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
+  // Populated: the first carve reads the bitmaps and then writes them, a
+  // fault for each (the zero page, then a page of its own).
+  void* words = mmap(nullptr, words_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   Region* r = words != MAP_FAILED ? TakeDescriptor() : nullptr;
   if (r == nullptr) {
     if (words != MAP_FAILED) munmap(words, words_bytes);
