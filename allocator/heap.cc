@@ -580,6 +580,7 @@ void Heap::ForkChild() {
     r->reg_lock.ResetAfterFork();
     for (RegSlot& s : r->reg) {
       s.state.store(RegSlot::kNone, std::memory_order_relaxed);
+      s.size.store(0, std::memory_order_relaxed);  // the hit path's only test of the state
       s.seq.store(0, std::memory_order_relaxed);
     }
     r->registrations.store(0, std::memory_order_relaxed);

@@ -321,8 +321,7 @@ __attribute__((always_inline)) inline int Heap::LookupHit(Region* r, uintptr_t a
   uintptr_t base = s.base.load(std::memory_order_relaxed);
   size_t size = s.size.load(std::memory_order_relaxed);
   size_t offset = a - base;  // a < base wraps around to offset >= size
-  if ((q & 1) || s.state.load(std::memory_order_relaxed) != RegSlot::kRegistered ||
-      offset >= size || len > size - offset)
+  if ((q & 1) || offset >= size || len > size - offset)  // size 0 unless registered
     return LookupRegion(a, len, d, out);
   uint32_t step = static_cast<uint32_t>(offset >> s.step_shift.load(std::memory_order_relaxed));
   out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
@@ -361,8 +360,7 @@ __attribute__((always_inline)) inline int Heap::ServeRegistration(ibv_pd* pd, co
   uintptr_t base = s.base.load(std::memory_order_relaxed);
   size_t size = s.size.load(std::memory_order_relaxed);
   size_t offset = a - base;  // a < base wraps around to offset >= size
-  if (!(q & 1) && s.state.load(std::memory_order_relaxed) == RegSlot::kRegistered &&
-      offset < size && len <= size - offset &&
+  if (!(q & 1) && offset < size && len <= size - offset &&  // size 0 unless registered
       (access & ~s.access.load(std::memory_order_relaxed)) == 0) {
     uint32_t step = static_cast<uint32_t>(offset >> s.step_shift.load(std::memory_order_relaxed));
     out->lkey = s.lkey.load(std::memory_order_relaxed) + step;

@@ -23,6 +23,8 @@ constexpr int kMaxDomains = 8;  // RDMALLOC_MAX_DOMAINS
 struct alignas(64) RegSlot {
   enum : uint32_t { kNone = 0, kRegistered = 1, kFailed = 2 };
   std::atomic<uintptr_t> base{0};  // the region's, while kRegistered
+  // The region's while kRegistered, else 0: a lookup's range check then
+  // fails, and the hit path needs no look at `state`.
   std::atomic<size_t> size{0};
   std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
   std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs

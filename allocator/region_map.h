@@ -51,8 +51,15 @@ class RegionMap {
   // outside it, nullptr or the region of the window's chunk with the same low
   // bits. The caller checks the region's range and asks Find when it fails.
   // (Find's window check alone cost a random lookup 0.8 ns, 4.5 -> 5.3.)
+  // The slot's byte offset is masked from addr directly: indexing by chunk
+  // cost one more instruction (an add to the table's offset in the heap).
   Region* Guess(uintptr_t addr) const {
-    return home_[(addr >> kChunkShift) & (kHomeChunks - 1)].load(std::memory_order_acquire);
+    constexpr unsigned kSlotShift = kChunkShift - 3;  // sizeof(home_[0]) == 8
+    static_assert(sizeof(home_[0]) == size_t{1} << (kChunkShift - kSlotShift), "slot size");
+    size_t offset = (addr >> kSlotShift) & ((kHomeChunks - 1) << (kChunkShift - kSlotShift));
+    return reinterpret_cast<const std::atomic<Region*>*>(reinterpret_cast<const char*>(home_) +
+                                                         offset)
+        ->load(std::memory_order_acquire);
   }
 
   // Writers of different regions may run at once (each chunk belongs to one

@@ -226,6 +226,7 @@ void Registrations::Deregister(Region* r, int d) {
   reg.handle = s.mr.load(std::memory_order_relaxed);
   s.seq.fetch_add(1);
   s.state.store(RegSlot::kNone, std::memory_order_relaxed);
+  s.size.store(0, std::memory_order_relaxed);
   Domain* dom = domains_[d].domain.load(std::memory_order_acquire);
   uint64_t t0 = NowNs();
   if (dom != nullptr) dom->Deregister(reinterpret_cast<void*>(r->begin()), r->length(), reg);
