@@ -2,16 +2,16 @@
 // its default (as the warning names it, as docs/TUNING.md shows it, and as
 // Config holds it), the Config member it sets and what it means. Everything
 // else is produced from it:
-//  - ParseConfig and WarnUnknownVariables (config.cc) walk it while malloc
-//    initialises, so it is constexpr: constant-initialised, nothing runs at
-//    load, no allocation;
+//  - ParseEnvironment (ParseConfig in tests) and WarnUnknownVariables
+//    (config.cc) walk it while malloc initialises, so it is constexpr:
+//    constant-initialised, nothing runs at load, no allocation;
 //  - //tools:rdmalloc_options prints it as `rdmalloc-run --help` (the launcher
 //    takes --NAME=VALUE for every setting here) and as docs/TUNING.md's table,
 //    which //docs:tuning_table_test keeps equal to it
 //    (`bazel run //docs:update_tuning_table` rewrites the doc).
 // Adding a setting: a Config member (config.h) and one entry in kOptions.
 // Checks across settings (eager with verbs, a device without devices, a
-// report file with RDMALLOC_STATS=0) stay in ParseConfig, after the table.
+// report file with RDMALLOC_STATS=0) stay in config.cc, after the table.
 #ifndef RDMALLOC_ALLOCATOR_OPTIONS_H_
 #define RDMALLOC_ALLOCATOR_OPTIONS_H_
 
