@@ -39,18 +39,14 @@ class Mutex {
   }
   void Lock() {
     witness::Acquiring(kRank);
-    uint32_t free = kFree;
-    if (!state_.compare_exchange_strong(free, kHeld)) LockContended();
-    witness::Acquired(kRank);
+    Acquire();
   }
   // The next of several locks of this rank, all taken in one fixed order
   // (only the fork protocol holds more than one): it may wait, since every
   // thread that holds two takes them in that order.
   void LockInSeries() {
     witness::AcquiringInSeries(kRank);
-    uint32_t free = kFree;
-    if (!state_.compare_exchange_strong(free, kHeld)) LockContended();
-    witness::Acquired(kRank);
+    Acquire();
   }
   void Unlock() {
     witness::Released(kRank);
@@ -64,6 +60,11 @@ class Mutex {
   enum : uint32_t { kFree = 0, kHeld = 1, kSleepers = 2 };
   static constexpr int kSpins = 100;
 
+  void Acquire() {
+    uint32_t free = kFree;
+    if (!state_.compare_exchange_strong(free, kHeld)) LockContended();
+    witness::Acquired(kRank);
+  }
   void LockContended() {
     // Most holds are a few hundred instructions: spin first.
     for (int i = 0; i < kSpins; i++) {

@@ -4,21 +4,16 @@
 
 #include <errno.h>
 #include <gtest/gtest.h>
-#include <time.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include "allocator/thread_cpu.h"
+
 namespace rdmalloc {
 namespace {
-
-uint64_t ThreadCpuNs() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return uint64_t(t.tv_sec) * 1000000000 + uint64_t(t.tv_nsec);
-}
 
 // More threads than cores, short holds: every path (the first CAS, the spin,
 // the sleep and the wake) is taken many times. A lost wake hangs the test.

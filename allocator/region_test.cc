@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
-#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -18,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "allocator/thread_cpu.h"
 
 namespace rdmalloc {
 namespace {
@@ -740,12 +741,6 @@ TEST(RegionStoreTest, TheSweepIsDueAfterSoManyUntouchedGivesNotOnlyByTheClock) {
   EXPECT_TRUE(g_store.SweepDue(now, second, gives)) << "within a second of the last sweep";
   EXPECT_FALSE(g_store.SweepDue(now, second, gives)) << "the count starts again";
   EXPECT_TRUE(g_store.SweepDue(now + second, second, gives)) << "the clock still counts";
-}
-
-uint64_t ThreadCpuNs() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return uint64_t(t.tv_sec) * 1000000000 + uint64_t(t.tv_nsec);
 }
 
 // The fork protocol waits for a shard lock someone else holds asleep: it
