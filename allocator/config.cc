@@ -13,6 +13,17 @@ namespace {
 // entries (strncmp for each cost more than parsing the rest).
 bool IsRdmallocVariable(const char* e) { return e[0] == 'R' && strncmp(e, "RDMALLOC_", 9) == 0; }
 
+// The index in kOptions of an environment entry's name (up to its '=' or its
+// end, *name_len), or kOptionCount.
+size_t OptionOfEntry(const char* e, size_t* name_len) {
+  const char* eq = strchr(e, '=');
+  size_t len = eq != nullptr ? static_cast<size_t>(eq - e) : strlen(e);
+  *name_len = len;
+  for (size_t i = 0; i < kOptionCount; i++)
+    if (strlen(kOptions[i].name) == len && strncmp(kOptions[i].name, e, len) == 0) return i;
+  return kOptionCount;
+}
+
 // Copies a value for display: one line whatever it holds.
 void Shown(const char* value, char* out, size_t cap) {
   size_t n = 0;
@@ -214,12 +225,10 @@ Config ParseEnvironment(const char* const* envp, WarnFn warn) {
   for (; envp != nullptr && *envp != nullptr; envp++) {
     const char* e = *envp;
     if (!IsRdmallocVariable(e)) continue;
-    for (size_t i = 0; i < kOptionCount; i++) {
-      size_t len = strlen(kOptions[i].name);
-      // The first entry of a name, as getenv answers.
-      if (values[i] == nullptr && strncmp(e, kOptions[i].name, len) == 0 && e[len] == '=')
-        values[i] = e + len + 1;
-    }
+    size_t len;
+    size_t i = OptionOfEntry(e, &len);
+    // The first entry of a name that has a value, as getenv answers.
+    if (i < kOptionCount && e[len] == '=' && values[i] == nullptr) values[i] = e + len + 1;
   }
   return ParseValues([&values](size_t i) { return values[i]; }, warn);
 }
@@ -228,11 +237,8 @@ void WarnUnknownVariables(const char* const* envp, WarnFn warn) {
   for (; envp != nullptr && *envp != nullptr; envp++) {
     const char* e = *envp;
     if (!IsRdmallocVariable(e)) continue;
-    const char* eq = strchr(e, '=');
-    size_t len = eq != nullptr ? static_cast<size_t>(eq - e) : strlen(e);
-    bool known = false;
-    for (const Option& o : kOptions) known |= strlen(o.name) == len && strncmp(o.name, e, len) == 0;
-    if (known) continue;
+    size_t len;
+    if (OptionOfEntry(e, &len) < kOptionCount) continue;
     char name[128];
     Shown(e, name, len + 1 < sizeof name ? len + 1 : sizeof name);
     char line[256];
