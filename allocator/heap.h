@@ -310,6 +310,17 @@ __attribute__((always_inline)) inline int Heap::Lookup(const void* addr, size_t 
   return LookupHit(store_.Guess(a), a, len, 0, out);
 }
 
+// The pairs LookupHit copies (CopyUnderSeq) lie side by side in both.
+static_assert(offsetof(RegSlot, size) == offsetof(RegSlot, base) + 8 &&
+                  offsetof(RegSlot, handle) == offsetof(RegSlot, mr) + 8 &&
+                  offsetof(RegSlot, rkey) == offsetof(RegSlot, lkey) + 4 &&
+                  offsetof(RegSlot, access) == offsetof(RegSlot, step_shift) + 4,
+              "RegSlot's pairs");
+static_assert(offsetof(rdmalloc_keys, rkey) == offsetof(rdmalloc_keys, lkey) + 4 &&
+                  offsetof(rdmalloc_keys, handle) == offsetof(rdmalloc_keys, mr) + 8 &&
+                  offsetof(rdmalloc_keys, region_len) == offsetof(rdmalloc_keys, region_base) + 8,
+              "rdmalloc_keys' pairs");
+
 // r is the region map's guess for a, maybe wrong (or reused since): the
 // slot's own copy of the range decides. a + len is never formed, so a length
 // that wraps the address space is just too long here.
@@ -318,25 +329,32 @@ __attribute__((always_inline)) inline int Heap::LookupHit(Region* r, uintptr_t a
   if (r == nullptr) return LookupRegion(a, len, d, out);
   RegSlot& s = r->reg[d];
   uint32_t q = s.seq.load(std::memory_order_acquire);
-  uintptr_t base = s.base.load(std::memory_order_relaxed);
-  size_t size = s.size.load(std::memory_order_relaxed);
-  size_t offset = a - base;  // a < base wraps around to offset >= size
-  if ((q & 1) || offset >= size || len > size - offset)  // size 0 unless registered
-    return LookupRegion(a, len, d, out);
-  uint32_t step = static_cast<uint32_t>(offset >> s.step_shift.load(std::memory_order_relaxed));
-  out->lkey = s.lkey.load(std::memory_order_relaxed) + step;
-  out->rkey = s.rkey.load(std::memory_order_relaxed) + step;
-  out->handle = s.handle.load(std::memory_order_relaxed);
-  out->mr = static_cast<ibv_mr*>(s.mr.load(std::memory_order_relaxed));
-  out->region_base = reinterpret_cast<void*>(base);
-  out->region_len = size;
+  struct {
+    uintptr_t base;
+    size_t size;  // 0 unless registered
+  } range;
+  CopyUnderSeq<16>(&range, &s.base);
+  size_t offset = a - range.base;  // a < base wraps around to offset >= size
+  if (offset >= range.size || len > range.size - offset) return LookupRegion(a, len, d, out);
+  uint32_t keys[2], step_shift_access[2];
+  CopyUnderSeq<8>(keys, &s.lkey);
+  CopyUnderSeq<8>(step_shift_access, &s.step_shift);
+  uint32_t step = static_cast<uint32_t>(offset >> step_shift_access[0]);
+  keys[0] += step;
+  keys[1] += step;
+  __builtin_memcpy(&out->lkey, keys, 8);
+  CopyUnderSeq<16>(&out->mr, &s.mr);
+  __builtin_memcpy(&out->region_base, &range, 16);
   out->addr = reinterpret_cast<const void*>(a);
   out->len = len;
   out->reg_errno = 0;
   out->domain = d;
-  out->access = s.access.load(std::memory_order_relaxed);
+  out->access = static_cast<int>(step_shift_access[1]);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (__builtin_expect(s.seq.load(std::memory_order_relaxed) != q, 0))
+  // Read while a writer was at work (q odd), it can never equal q & ~1: seq
+  // only grows. So this one compare also rejects a torn read, which did no
+  // harm meanwhile (no pointer read from the slot was followed).
+  if (__builtin_expect(s.seq.load(std::memory_order_relaxed) != (q & ~1u), 0))
     return LookupRegion(a, len, d, out);
   return RDMALLOC_OK;
 }

@@ -22,14 +22,15 @@ constexpr int kMaxDomains = 8;  // RDMALLOC_MAX_DOMAINS
 // with the keys, so a hit needs neither the region's own fields nor its seq.
 struct alignas(64) RegSlot {
   enum : uint32_t { kNone = 0, kRegistered = 1, kFailed = 2 };
+  // The fields a hit copies lie in rdmalloc_keys' order, in 8- and 16-byte
+  // pairs (CopyUnderSeq): base and size, mr and handle, lkey and rkey; and
+  // step_shift beside access, read together.
   std::atomic<uintptr_t> base{0};  // the region's, while kRegistered
   // The region's while kRegistered, else 0: a lookup's range check then
   // fails, and the hit path needs no look at `state`.
   std::atomic<size_t> size{0};
-  std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
   std::atomic<void*> mr{nullptr};      // Registration::handle: the ibv_mr* on verbs
-  std::atomic<uint32_t> seq{0};
-  std::atomic<uint32_t> state{kNone};
+  std::atomic<void*> handle{nullptr};  // rdmalloc_keys::handle: the MR, or the ring
   std::atomic<uint32_t> lkey{0};
   std::atomic<uint32_t> rkey{0};
   // Keys step by (addr - region base) >> step_shift; kNoStep (63) when the
@@ -44,8 +45,28 @@ struct alignas(64) RegSlot {
     return shift != kNoStep ? shift : 0;
   }
   std::atomic<int> access{0};  // the rights it was registered with
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> state{kNone};
   std::atomic<uint32_t> slots{0};
 };
+
+// Copies n bytes (8 or 16) of fields of a slot that a writer may be changing,
+// between the reader's two loads of the slot's seq, which reject a torn copy.
+// One load and one store for each pair of fields: a lookup hit is bound by
+// its loads and stores (a core does three a cycle). ThreadSanitizer would
+// call the plain copy a race, so it gets word-sized atomic loads.
+template <size_t n>
+__attribute__((always_inline)) inline void CopyUnderSeq(void* to, const void* from) {
+  static_assert(n == 8 || n == 16, "pairs of fields");
+#if defined(__SANITIZE_THREAD__)
+  for (size_t i = 0; i < n / 8; i++) {
+    uint64_t word = __atomic_load_n(static_cast<const uint64_t*>(from) + i, __ATOMIC_RELAXED);
+    __builtin_memcpy(static_cast<char*>(to) + 8 * i, &word, 8);
+  }
+#else
+  __builtin_memcpy(to, from, n);
+#endif
+}
 
 // Page bitmaps of a region; one bit per page. Guarded by its shard's lock.
 class PageMap {

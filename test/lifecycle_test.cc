@@ -166,7 +166,11 @@ TEST(Lifecycle, RegionLargerThanOneIoUringBuffer) {
   size_t into_second = reinterpret_cast<uintptr_t>(low.region_base) + gib - reinterpret_cast<uintptr_t>(p);
   ASSERT_EQ(rdmalloc_lookup(p + into_second, 4096, nullptr, &high), RDMALLOC_OK);
   EXPECT_EQ(high.lkey, low.lkey + 1);
+  EXPECT_EQ(high.rkey, low.rkey + 1);
+  EXPECT_EQ(high.handle, low.handle);
+  EXPECT_EQ(high.access, low.access);
   EXPECT_EQ(high.region_base, low.region_base);
+  EXPECT_EQ(high.region_len, low.region_len);
   EXPECT_GE(low.region_len, n);
   // 1 MiB straddling the two buffers, both directions.
   EXPECT_TRUE(CheckPageIdentity(p, n, into_second - (512 << 10), 1 << 20, 41).ok);

@@ -107,16 +107,38 @@ TEST(Lookup, MemoryFromAnArenaCreatedLaterIsOurs) {
   dallocx(p, MALLOCX_TCACHE_NONE);
 }
 
+// The hit path (the default domain's slot, copied a pair of fields at a
+// time) answers as the slow path that registered the region did, field for
+// field.
 TEST(Lookup, HitPathGivesTheSameKeysAgain) {
-  void* p = malloc(1000);
+  const size_t n = size_t{80} << 20;  // past RDMALLOC_REGION_SIZE: a region of its own
+  char* p = static_cast<char*>(malloc(n));
+  ASSERT_NE(p, nullptr);
   rdmalloc_keys a, b;
-  ASSERT_EQ(rdmalloc_lookup(p, 1000, nullptr, &a), RDMALLOC_OK);
+  memset(&a, 0xa5, sizeof a);
+  memset(&b, 0x5a, sizeof b);
   uint64_t slow = Stats().lookup_slow;
-  ASSERT_EQ(rdmalloc_lookup(static_cast<char*>(p) + 10, 10, nullptr, &b), RDMALLOC_OK);
+  ASSERT_EQ(rdmalloc_lookup(p + 10, 1000, nullptr, &a), RDMALLOC_OK);
+  ASSERT_GT(Stats().lookup_slow, slow) << "the first lookup registers the new region";
+  slow = Stats().lookup_slow;
+  ASSERT_EQ(rdmalloc_lookup(p + 10, 1000, nullptr, &b), RDMALLOC_OK);
   EXPECT_EQ(Stats().lookup_slow, slow) << "a registered region must not take the slow path";
   EXPECT_EQ(a.lkey, b.lkey);
   EXPECT_EQ(a.rkey, b.rkey);
+  EXPECT_EQ(a.mr, b.mr);
+  EXPECT_EQ(a.handle, b.handle);
+  EXPECT_NE(b.handle, nullptr);
   EXPECT_EQ(a.region_base, b.region_base);
+  EXPECT_EQ(a.region_len, b.region_len);
+  EXPECT_GE(b.region_len, n);
+  EXPECT_EQ(b.addr, p + 10);
+  EXPECT_EQ(b.len, 1000u);
+  EXPECT_EQ(a.addr, b.addr);
+  EXPECT_EQ(a.len, b.len);
+  EXPECT_EQ(b.reg_errno, 0);
+  EXPECT_EQ(b.domain, 0);
+  EXPECT_EQ(a.access, b.access);
+  EXPECT_NE(b.access, 0);
   free(p);
 }
 
