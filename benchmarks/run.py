@@ -115,13 +115,16 @@ def workloads(rounds, threads_list):
     for name in WORKLOADS:
         binary = os.path.join(BIN, "benchmarks", "workloads", name)
         for threads in threads_list:
-            res = {a: {"ops": [], "rss": []} for a in WORKLOAD_ALLOCATORS}
+            res = {a: {"ops": [], "rss": [], "faults": [], "cpu": []} for a in WORKLOAD_ALLOCATORS}
             for i in range(rounds):
                 fresh_copies(WORKLOAD_ALLOCATORS)
                 for a in round_order(i, WORKLOAD_ALLOCATORS):  # interleaved: A B C D, B C D A, ...
-                    ops, rss = run_once(binary, [str(threads)], a)
+                    fields = {}
+                    ops, rss = run_once(binary, [str(threads)], a, fields_out=fields)
                     res[a]["ops"].append(ops)
                     res[a]["rss"].append(rss)
+                    res[a]["faults"].append(int(fields["minflt"]) + int(fields["majflt"]))
+                    res[a]["cpu"].append(float(fields["cpu_seconds"]))
             row = {"workload": name, "threads": threads}
             for a in WORKLOAD_ALLOCATORS:
                 row[a] = median(res[a]["ops"])
@@ -143,6 +146,16 @@ def workloads(rounds, threads_list):
             row["jem_vs_jem"] = median(again)
             row["jem_vs_jem_range"] = [min(again), max(again)]
             row["jem_rss_vs_jem"] = row[JEMALLOC_AGAIN + "_rss"] / row["jemalloc_rss"]
+            # What the clock does not separate from the machine's noise: page faults (nearly
+            # deterministic) and CPU time (all threads, user and system; waits excluded).
+            for a in WORKLOAD_ALLOCATORS:
+                row[a + "_faults"] = median(res[a]["faults"])
+            row["faults_vs_jem"] = row["rdmalloc_faults"] / row["jemalloc_faults"]
+            row["jem_faults_vs_jem"] = row[JEMALLOC_AGAIN + "_faults"] / row["jemalloc_faults"]
+            for key, other in (("cpu_vs_jem", "rdmalloc"), ("jem_cpu_vs_jem", JEMALLOC_AGAIN)):
+                ratios = [o / j for o, j in zip(res[other]["cpu"], res["jemalloc"]["cpu"])]
+                row[key] = median(ratios)
+                row[key + "_range"] = [min(ratios), max(ratios)]
             rows.append(row)
             print(f"{name:14s} t={threads} glibc={row['glibc']:.3g} jemalloc={row['jemalloc']:.3g} "
                   f"rdmalloc={row['rdmalloc']:.3g} rdm/jem={row['rdm_vs_jem']:.3f} "
@@ -305,7 +318,7 @@ def startup(runs):
             f.write(f"{(i * 7919) % 20011:08d} line {i}\n")
     rows = []
     for name, cmd in startup_programs():
-        res = {a: {"s": [], "rss": []} for a in ALLOCATORS}
+        res = {a: {"s": [], "rss": [], "faults": []} for a in ALLOCATORS}
         for i in range(runs):
             fresh_copies()
             for a in round_order(i):
@@ -317,10 +330,12 @@ def startup(runs):
                 t, rss = float(fields["seconds"]), int(fields["maxrss_kib"])
                 res[a]["s"].append(t)
                 res[a]["rss"].append(rss)
+                res[a]["faults"].append(int(fields["minflt"]) + int(fields["majflt"]))
         row = {"program": name}
         for a in ALLOCATORS:
             row[a] = median(res[a]["s"])
             row[a + "_rss"] = median(res[a]["rss"])
+            row[a + "_faults"] = median(res[a]["faults"])
         rows.append(row)
         print(f"startup {name:26s} " + " ".join(
             f"{a}={row[a] * 1e3:.2f}ms/{row[a + '_rss'] / 1024:.2f}MiB" for a in ALLOCATORS), flush=True)
@@ -658,6 +673,23 @@ def write_markdown(path, res):
                     if beyond else "none is below every round of its own A/A control") + ".\n")
     else:
         L.append("")
+    if all("faults_vs_jem" in r for r in rows):
+        L.append("What the clock does not separate from this machine's noise, from the same runs: "
+                 "page faults (minor and major, of the whole run; median of the rounds) and CPU "
+                 "time (user and system, all threads: time spent waiting is not in it), each "
+                 "rdmalloc / jemalloc, with the A/A control beside. Below 1.00 rdmalloc spends "
+                 "less.\n")
+        L.append("| workload | threads | faults jemalloc | faults rdmalloc | faults rdmalloc / jemalloc | "
+                 "faults A/A | CPU time rdmalloc / jemalloc (rounds' range) | CPU time A/A (range) |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            L.append(f"| {r['workload']} | {r['threads']} | {r['jemalloc_faults']:.0f} | "
+                     f"{r['rdmalloc_faults']:.0f} | **{r['faults_vs_jem']:.3f}** | "
+                     f"{r['jem_faults_vs_jem']:.3f} | **{r['cpu_vs_jem']:.3f}** "
+                     f"({r['cpu_vs_jem_range'][0]:.2f}–{r['cpu_vs_jem_range'][1]:.2f}) | "
+                     f"{r['jem_cpu_vs_jem']:.3f} ({r['jem_cpu_vs_jem_range'][0]:.2f}–"
+                     f"{r['jem_cpu_vs_jem_range'][1]:.2f}) |")
+        L.append("")
     if res.get("instructions"):
         instruction_table(L, res["instructions"], res.get("instructions_git", res["git"]))
     if res.get("startup"):
@@ -665,14 +697,18 @@ def write_markdown(path, res):
         L.append("Whole runs, fork to exit (wall clock), and peak RSS, median of "
                  f"{res['startup_runs']} interleaved runs per allocator: what each allocator costs a "
                  "program up front. Time ratios below 1.00 mean rdmalloc is faster.\n")
+        faults = all("rdmalloc_faults" in r for r in res["startup"])  # runs before kept none
         L.append("| program | glibc | jemalloc | rdmalloc | time rdmalloc / jemalloc | "
-                 "RSS glibc | RSS jemalloc | RSS rdmalloc | RSS rdmalloc / jemalloc |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
+                 "RSS glibc | RSS jemalloc | RSS rdmalloc | RSS rdmalloc / jemalloc |"
+                 + (" page faults glibc / jemalloc / rdmalloc |" if faults else ""))
+        L.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if faults else ""))
         for r in res["startup"]:
             L.append(f"| {r['program']} | {r['glibc'] * 1e3:.2f} ms | {r['jemalloc'] * 1e3:.2f} ms | "
                      f"{r['rdmalloc'] * 1e3:.2f} ms | **{r['rdmalloc'] / r['jemalloc']:.3f}** | "
                      f"{r['glibc_rss'] / 1024:.2f} MiB | {r['jemalloc_rss'] / 1024:.2f} MiB | "
-                     f"{r['rdmalloc_rss'] / 1024:.2f} MiB | **{r['rdmalloc_rss'] / r['jemalloc_rss']:.2f}** |")
+                     f"{r['rdmalloc_rss'] / 1024:.2f} MiB | **{r['rdmalloc_rss'] / r['jemalloc_rss']:.2f}** |"
+                     + (f" {r['glibc_faults']:.0f} / {r['jemalloc_faults']:.0f} / "
+                        f"{r['rdmalloc_faults']:.0f} |" if faults else ""))
         L.append("")
     if res.get("scaling"):
         L.append("## Thread scaling\n")

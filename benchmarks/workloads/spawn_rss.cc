@@ -1,7 +1,9 @@
-// spawn_rss: runs a program once and prints its wall time and peak RSS.
+// spawn_rss: runs a program once and prints its wall time, peak RSS, page
+// faults and CPU time (user and system, all threads).
 //
 // Usage: spawn_rss PRELOAD PROGRAM [ARG...]   (PRELOAD "" for none)
-// Prints "seconds=S maxrss_kib=K"; exits 1 if the program failed.
+// Prints "seconds=S maxrss_kib=K minflt=F majflt=M cpu_seconds=C"; exits 1
+// if the program failed.
 //
 // Peak RSS of a short program cannot be taken from its parent's wait4 when
 // the parent is a big process: ru_maxrss keeps, across execve, the high-water
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   double s = static_cast<double>(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-  printf("seconds=%.6f maxrss_kib=%ld\n", s, usage.ru_maxrss);
+  double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+               (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+  printf("seconds=%.6f maxrss_kib=%ld minflt=%ld majflt=%ld cpu_seconds=%.6f\n", s,
+         usage.ru_maxrss, usage.ru_minflt, usage.ru_majflt, cpu);
   return 0;
 }
