@@ -13,6 +13,7 @@ import atexit
 import datetime
 import glob
 import json
+import math
 import os
 import platform
 import re
@@ -110,6 +111,37 @@ def median(xs):
     return statistics.median(xs)
 
 
+def median_interval(xs, level=0.95):
+    """A distribution-free confidence interval for the median of what xs samples:
+    its k-th smallest and k-th largest values, k as large as keeps the chance
+    that the median lies outside at most 1 - level (the sign test's binomial:
+    the k-th smallest of n lies above the median with probability P(B(n, 1/2) < k)).
+    Runs of one allocator after another need no assumption about their noise's
+    shape here, only that rounds are alike. None with fewer than 6 values.
+
+    >>> median_interval([5, 1, 4, 2, 3, 0, 7, 6])  # 8 rounds: P = 2/256 outside
+    [0, 7]
+    >>> median_interval(list(range(24)))  # the 7th smallest and largest: P = 0.023
+    [6, 17]
+    >>> median_interval([1, 2, 3, 4, 5]) is None  # even min-max leaves 2/32 outside
+    True
+    """
+    n, s = len(xs), sorted(xs)
+    k = interval_rank(n, level)
+    return None if k is None else [s[k - 1], s[n - k]]
+
+
+def interval_rank(n, level=0.95):
+    """median_interval's k for n values."""
+    tail, k = 0.0, None
+    for j in range(1, n // 2 + 1):
+        tail += math.comb(n, j - 1) / 2 ** n
+        if 2 * tail > 1 - level:
+            break
+        k = j
+    return k
+
+
 def workloads(rounds, threads_list):
     rows = []
     for name in WORKLOADS:
@@ -150,6 +182,8 @@ def workloads(rounds, threads_list):
             # deterministic) and CPU time (all threads, user and system; waits excluded).
             for a in WORKLOAD_ALLOCATORS:
                 row[a + "_faults"] = median(res[a]["faults"])
+                row[a + "_faults_rounds"] = res[a]["faults"]
+                row[a + "_cpu_rounds"] = res[a]["cpu"]
             row["faults_vs_jem"] = row["rdmalloc_faults"] / row["jemalloc_faults"]
             row["jem_faults_vs_jem"] = row[JEMALLOC_AGAIN + "_faults"] / row["jemalloc_faults"]
             for key, other in (("cpu_vs_jem", "rdmalloc"), ("jem_cpu_vs_jem", JEMALLOC_AGAIN)):
@@ -600,6 +634,14 @@ def message_tables(L, per, keys):
     L.append("")
 
 
+def ratio_interval(row, allocator, what=""):
+    """median_interval of allocator / jemalloc over a workload row's rounds."""
+    mine, theirs = row.get(allocator + what + "_rounds"), row.get("jemalloc" + what + "_rounds")
+    if not mine or not theirs:
+        return None
+    return median_interval([m / t for m, t in zip(mine, theirs)])
+
+
 def write_markdown(path, res):
     rows, per, keys, steady, look, vm = (res[k] for k in ("rows", "per", "keys", "steady", "look", "vm"))
     # Runs before the regions column saved {"BM_..._median": ns}, the median of 5 repetitions.
@@ -627,8 +669,8 @@ def write_markdown(path, res):
              "copy of its library (same binaries; see `benchmarks/workloads/README.md`; where a "
              "library file's pages lie showed in its speed, up to 25 % between byte-identical "
              "copies). The "
-             "ratios are taken within each round and their median is shown, with the lowest and "
-             "highest round: noise that changes between rounds cancels, and a wide range says the "
+             "ratios are taken within each round and their median is shown, with a 95 % interval "
+             "(below): noise that changes between rounds cancels, and a wide interval says the "
              "workload itself swings (xmalloc at 2 threads flips between two speeds with thread "
              "placement, for every allocator). Peak RSS is the largest of the runs; in "
              "parentheses, the ratio of the median runs' peaks, which one run's outlier does not "
@@ -636,13 +678,19 @@ def write_markdown(path, res):
              "second copy of jemalloc against the first, taken the same way: two identical "
              "allocators, so its distance from 1.00 is this machine's noise, and a ratio of "
              "rdmalloc's that strays no further is parity.\n")
-    L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | rounds' range | "
-             "A/A: jemalloc / jemalloc (range) | rdmalloc / glibc | peak RSS jemalloc | "
+    L.append("The interval beside each ratio is a 95 % confidence interval for its median, "
+             "distribution-free (the sign test's: with n rounds, the k-th smallest and k-th largest "
+             "of the rounds' ratios, k the largest that leaves at most 5 % outside; with "
+             f"{rounds} rounds, k = {interval_rank(rounds)}). An interval wholly below 1.00 is a loss this run "
+             "shows beyond its noise; one that holds 1.00 shows no difference.\n")
+    L.append("| workload | threads | glibc | jemalloc | rdmalloc | rdmalloc / jemalloc | 95 % interval | "
+             "A/A: jemalloc / jemalloc [interval] | rdmalloc / glibc | peak RSS jemalloc | "
              "peak RSS rdmalloc | RSS rdmalloc / jemalloc | RSS A/A |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        spread = "%.2f–%.2f" % tuple(r["rdm_vs_jem_range"]) if "rdm_vs_jem_range" in r else "—"
-        again = ("%.3f (%.2f–%.2f)" % (r["jem_vs_jem"], *r["jem_vs_jem_range"])
+        mine, theirs = ratio_interval(r, "rdmalloc"), ratio_interval(r, JEMALLOC_AGAIN)
+        spread = "%.3f–%.3f" % tuple(mine) if mine else "—"
+        again = (f"{r['jem_vs_jem']:.3f}" + (" [%.3f–%.3f]" % tuple(theirs) if theirs else "")
                  if "jem_vs_jem" in r else "—")
         again_rss = "%.2f" % r["jem_rss_vs_jem"] if "jem_rss_vs_jem" in r else "—"
         L.append(f"| {r['workload']} | {r['threads']} | {r['glibc']:.3g} | {r['jemalloc']:.3g} | "
@@ -661,16 +709,20 @@ def write_markdown(path, res):
         aa = [r["jem_vs_jem"] for r in controls]
         aa_rss = [r["jem_rss_vs_jem"] for r in controls]
         below = [r for r in controls if r["rdm_vs_jem"] < 1.0]
-        # Below every round of its own control: a loss this run's noise does not explain.
-        beyond = [r for r in below if r["rdm_vs_jem"] < r["jem_vs_jem_range"][0]]
+        shown = {a: [(r, ratio_interval(r, a)) for r in controls] for a in ("rdmalloc", JEMALLOC_AGAIN)}
+        losses = {a: [(r, i) for r, i in v if i and i[1] < 1.0] for a, v in shown.items()}
+        gains = {a: [(r, i) for r, i in v if i and i[0] > 1.0] for a, v in shown.items()}
+
+        def named(pairs):
+            return ", ".join(f"{r['workload']} at {r['threads']} thread(s) ({i[0]:.3f}–{i[1]:.3f})"
+                             for r, i in pairs) or "none"
         L.append(f"The A/A control's median ratios run from {min(aa):.3f} to {max(aa):.3f} in this "
                  f"run, its peak RSS ratios from {min(aa_rss):.2f} to {max(aa_rss):.2f}. "
-                 f"{len(below)} of rdmalloc's {len(controls)} throughput ratios are below 1.00; "
-                 + (f"{len(beyond)} of them below every round of its own A/A control: " +
-                    ", ".join(f"{r['workload']} at {r['threads']} thread(s) "
-                              f"({r['rdm_vs_jem']:.3f} against {r['jem_vs_jem_range'][0]:.2f})"
-                              for r in beyond)
-                    if beyond else "none is below every round of its own A/A control") + ".\n")
+                 f"{len(below)} of rdmalloc's {len(controls)} throughput ratios are below 1.00. "
+                 f"Intervals wholly below 1.00, a loss beyond this run's noise: rdmalloc's "
+                 f"{named(losses['rdmalloc'])}; the A/A control's {named(losses[JEMALLOC_AGAIN])}. "
+                 f"Wholly above: rdmalloc's {named(gains['rdmalloc'])}; the A/A control's "
+                 f"{named(gains[JEMALLOC_AGAIN])}.\n")
     else:
         L.append("")
     if all("faults_vs_jem" in r for r in rows):
@@ -679,16 +731,20 @@ def write_markdown(path, res):
                  "time (user and system, all threads: time spent waiting is not in it), each "
                  "rdmalloc / jemalloc, with the A/A control beside. Below 1.00 rdmalloc spends "
                  "less.\n")
+        # Runs before the rounds' CPU times were kept show the rounds' range.
+        kept = all(r.get("rdmalloc_cpu_rounds") for r in rows)
+        what = "95 % interval" if kept else "rounds' range"
         L.append("| workload | threads | faults jemalloc | faults rdmalloc | faults rdmalloc / jemalloc | "
-                 "faults A/A | CPU time rdmalloc / jemalloc (rounds' range) | CPU time A/A (range) |")
+                 f"faults A/A | CPU time rdmalloc / jemalloc ({what}) | CPU time A/A ({what}) |")
         L.append("|---|---|---|---|---|---|---|---|")
         for r in rows:
+            spans = [(ratio_interval(r, a, "_cpu") if kept else r[key + "_range"]) or r[key + "_range"]
+                     for a, key in (("rdmalloc", "cpu_vs_jem"), (JEMALLOC_AGAIN, "jem_cpu_vs_jem"))]
             L.append(f"| {r['workload']} | {r['threads']} | {r['jemalloc_faults']:.0f} | "
                      f"{r['rdmalloc_faults']:.0f} | **{r['faults_vs_jem']:.3f}** | "
                      f"{r['jem_faults_vs_jem']:.3f} | **{r['cpu_vs_jem']:.3f}** "
-                     f"({r['cpu_vs_jem_range'][0]:.2f}–{r['cpu_vs_jem_range'][1]:.2f}) | "
-                     f"{r['jem_cpu_vs_jem']:.3f} ({r['jem_cpu_vs_jem_range'][0]:.2f}–"
-                     f"{r['jem_cpu_vs_jem_range'][1]:.2f}) |")
+                     f"({spans[0][0]:.2f}–{spans[0][1]:.2f}) | "
+                     f"{r['jem_cpu_vs_jem']:.3f} ({spans[1][0]:.2f}–{spans[1][1]:.2f}) |")
         L.append("")
     if res.get("instructions"):
         instruction_table(L, res["instructions"], res.get("instructions_git", res["git"]))
