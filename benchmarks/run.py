@@ -81,10 +81,38 @@ def preload(allocator):
     return COPIES.get(allocator) or installed_library(allocator)
 
 
+# How rounds order the allocators (saved with the results, "order"): until
+# 2026-12-08 a rotation (A B C D, B C D A, ...), in which each allocator always
+# ran right after the same other one, so whatever a run leaves behind for the
+# next (freed memory, caches, the clock's state) fell on one allocator only.
+ORDER = "balanced"
+
+
 def round_order(i, allocators=ALLOCATORS):
-    """The allocators in round i: rotated, so none always runs first or last."""
-    k = i % len(allocators)
-    return allocators[k:] + allocators[:k]
+    """The allocators in round i: a Williams design, in which over a cycle of
+    rounds (n of them for n allocators, 2n when n is odd) each allocator runs
+    first and last equally often and right after each other one equally often.
+
+    >>> [round_order(i, "ABCD") for i in range(4)]
+    [['A', 'B', 'D', 'C'], ['B', 'C', 'A', 'D'], ['C', 'D', 'B', 'A'], ['D', 'A', 'C', 'B']]
+    >>> def pairs(n, rounds):
+    ...     seen = {}
+    ...     for i in range(rounds):
+    ...         order = round_order(i, range(n))
+    ...         for ab in zip(order, order[1:]):
+    ...             seen[ab] = seen.get(ab, 0) + 1
+    ...     return sorted(set(seen.values())), len(seen)
+    >>> pairs(4, 4), pairs(3, 6), pairs(5, 10)  # (times each ordered pair is adjacent, pairs)
+    (([1], 12), ([2], 6), ([2], 20))
+    """
+    n = len(allocators)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...
+    for j in range(1, n):
+        first.append((j + 1) // 2 if j % 2 else n - j // 2)
+    cycle = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        cycle += [row[::-1] for row in cycle]
+    return [allocators[x] for x in cycle[i % len(cycle)]]
 
 
 def run_once(binary, args, allocator, extra_env=None, fields_out=None):
@@ -150,7 +178,7 @@ def workloads(rounds, threads_list):
             res = {a: {"ops": [], "rss": [], "faults": [], "cpu": []} for a in WORKLOAD_ALLOCATORS}
             for i in range(rounds):
                 fresh_copies(WORKLOAD_ALLOCATORS)
-                for a in round_order(i, WORKLOAD_ALLOCATORS):  # interleaved: A B C D, B C D A, ...
+                for a in round_order(i, WORKLOAD_ALLOCATORS):
                     fields = {}
                     ops, rss = run_once(binary, [str(threads)], a, fields_out=fields)
                     res[a]["ops"].append(ops)
@@ -663,9 +691,14 @@ def write_markdown(path, res):
     if "rows_git" in res:
         L.append(f"From a run of this section alone (`benchmarks/run.py --only-workloads --rounds "
                  f"{rounds}`) on {res['rows_started']} UTC, rdmalloc {res['rows_git']}.\n")
+    order = res.get("rows_order", res.get("order", "rotated"))
     L.append(f"Operations per second, median of {rounds} rounds; each round runs the three "
-             "allocators and a second copy of stock jemalloc back to back, in an order rotated each "
-             "round, each preloaded from a fresh "
+             "allocators and a second copy of stock jemalloc back to back, "
+             + ("in an order rotated each round (so each always ran right after the same other "
+                "one)" if order == "rotated" else
+                "in orders balanced over every four rounds (a Williams design: each allocator "
+                "runs first, last, and right after each other one equally often)")
+             + ", each preloaded from a fresh "
              "copy of its library (same binaries; see `benchmarks/workloads/README.md`; where a "
              "library file's pages lie showed in its speed, up to 25 % between byte-identical "
              "copies). The "
@@ -916,6 +949,7 @@ def main():
         res[section + "_git"] = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip()
         res[section + "_started"] = f"{started:%Y-%m-%d %H:%M}"
         res[section + "_rounds"] = args.rounds
+        res[section + "_order"] = ORDER
         save(res, args.out)
         render(res, args.out)
         print(f"wrote {args.out}")
@@ -943,7 +977,7 @@ def main():
         "rounds": args.rounds, "started": f"{started:%Y-%m-%d %H:%M}",
         "git": sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]).strip(),
         "machine": f"{os.cpu_count()} cores ({cpu}), {platform.release()} kernel, glibc {platform.libc_ver()[1]}",
-        "rows": rows, "instructions": instruction_rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
+        "order": ORDER, "rows": rows, "instructions": instruction_rows, "scaling": scale_rows, "startup": start_rows, "startup_runs": args.startup_runs,
         "per": per, "keys": keys, "steady": steady, "look": look,
         "vm": [vm[0], vm[1]] if vm else None, "reg_mr": reg_mr, "mpi": mpi,
     }
