@@ -68,10 +68,13 @@ def fresh_copies(allocators=ALLOCATORS):
     for lib in COPIES.values():
         os.unlink(lib)
     COPIES.clear()
+    # Written in the order given (the round's), and all named alike: one
+    # LD_PRELOAD path as long as another, so no allocator's runs always see
+    # their environment, and stack, laid out differently.
     for a in allocators:
         src = installed_library(a)
         if src:
-            fd, dst = tempfile.mkstemp(dir=COPY_DIR, prefix=a + ".", suffix=".so")
+            fd, dst = tempfile.mkstemp(dir=COPY_DIR, prefix="lib.", suffix=".so")
             os.close(fd)
             shutil.copyfile(src, dst)
             COPIES[a] = dst
@@ -177,7 +180,7 @@ def workloads(rounds, threads_list):
         for threads in threads_list:
             res = {a: {"ops": [], "rss": [], "faults": [], "cpu": []} for a in WORKLOAD_ALLOCATORS}
             for i in range(rounds):
-                fresh_copies(WORKLOAD_ALLOCATORS)
+                fresh_copies(round_order(i, WORKLOAD_ALLOCATORS))
                 for a in round_order(i, WORKLOAD_ALLOCATORS):
                     fields = {}
                     ops, rss = run_once(binary, [str(threads)], a, fields_out=fields)
@@ -243,7 +246,7 @@ def scaling(rounds):
             res = {a: [] for a in ALLOCATORS}
             waits = []
             for i in range(rounds):
-                fresh_copies()
+                fresh_copies(round_order(i))
                 for a in round_order(i):
                     fields = {}
                     ops, _ = run_once(binary, [str(threads)], a, extra, fields)
@@ -382,7 +385,7 @@ def startup(runs):
     for name, cmd in startup_programs():
         res = {a: {"s": [], "rss": [], "faults": []} for a in ALLOCATORS}
         for i in range(runs):
-            fresh_copies()
+            fresh_copies(round_order(i))
             for a in round_order(i):
                 env = dict(os.environ)
                 env.pop("LD_PRELOAD", None)
