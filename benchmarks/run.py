@@ -147,8 +147,8 @@ def median_interval(xs, level=0.95):
     its k-th smallest and k-th largest values, k as large as keeps the chance
     that the median lies outside at most 1 - level (the sign test's binomial:
     the k-th smallest of n lies above the median with probability P(B(n, 1/2) < k)).
-    Runs of one allocator after another need no assumption about their noise's
-    shape here, only that rounds are alike. None with fewer than 6 values.
+    It assumes nothing of the noise's shape, only that the rounds are alike.
+    None with fewer than 6 values.
 
     >>> median_interval([5, 1, 4, 2, 3, 0, 7, 6])  # 8 rounds: P = 2/256 outside
     [0, 7]
@@ -199,7 +199,6 @@ def workloads(rounds, threads_list):
             vs_jem = [r / j for r, j in zip(res["rdmalloc"]["ops"], res["jemalloc"]["ops"])]
             vs_glibc = [r / g for r, g in zip(res["rdmalloc"]["ops"], res["glibc"]["ops"])]
             row["rdm_vs_jem"] = median(vs_jem)
-            row["rdm_vs_jem_range"] = [min(vs_jem), max(vs_jem)]
             row["rdm_vs_glibc"] = median(vs_glibc)
             row["rss_vs_jem"] = row["rdmalloc_rss"] / row["jemalloc_rss"]
             # The median runs' peaks too: one run's outlier (a producer that ran
@@ -207,7 +206,6 @@ def workloads(rounds, threads_list):
             row["rss_median_vs_jem"] = median(res["rdmalloc"]["rss"]) / median(res["jemalloc"]["rss"])
             again = [b / j for b, j in zip(res[JEMALLOC_AGAIN]["ops"], res["jemalloc"]["ops"])]
             row["jem_vs_jem"] = median(again)
-            row["jem_vs_jem_range"] = [min(again), max(again)]
             row["jem_rss_vs_jem"] = row[JEMALLOC_AGAIN + "_rss"] / row["jemalloc_rss"]
             # What the clock does not separate from the machine's noise: page faults (nearly
             # deterministic) and CPU time (all threads, user and system; waits excluded).
@@ -774,7 +772,7 @@ def write_markdown(path, res):
                  f"faults A/A | CPU time rdmalloc / jemalloc ({what}) | CPU time A/A ({what}) |")
         L.append("|---|---|---|---|---|---|---|---|")
         for r in rows:
-            spans = [(ratio_interval(r, a, "_cpu") if kept else r[key + "_range"]) or r[key + "_range"]
+            spans = [ratio_interval(r, a, "_cpu") or r[key + "_range"]
                      for a, key in (("rdmalloc", "cpu_vs_jem"), (JEMALLOC_AGAIN, "jem_cpu_vs_jem"))]
             L.append(f"| {r['workload']} | {r['threads']} | {r['jemalloc_faults']:.0f} | "
                      f"{r['rdmalloc_faults']:.0f} | **{r['faults_vs_jem']:.3f}** | "
