@@ -180,8 +180,9 @@ def workloads(rounds, threads_list):
         for threads in threads_list:
             res = {a: {"ops": [], "rss": [], "faults": [], "cpu": []} for a in WORKLOAD_ALLOCATORS}
             for i in range(rounds):
-                fresh_copies(round_order(i, WORKLOAD_ALLOCATORS))
-                for a in round_order(i, WORKLOAD_ALLOCATORS):
+                order = round_order(i, WORKLOAD_ALLOCATORS)
+                fresh_copies(order)
+                for a in order:
                     fields = {}
                     ops, rss = run_once(binary, [str(threads)], a, fields_out=fields)
                     res[a]["ops"].append(ops)
@@ -244,8 +245,9 @@ def scaling(rounds):
             res = {a: [] for a in ALLOCATORS}
             waits = []
             for i in range(rounds):
-                fresh_copies(round_order(i))
-                for a in round_order(i):
+                order = round_order(i)
+                fresh_copies(order)
+                for a in order:
                     fields = {}
                     ops, _ = run_once(binary, [str(threads)], a, extra, fields)
                     res[a].append(ops)
@@ -383,8 +385,9 @@ def startup(runs):
     for name, cmd in startup_programs():
         res = {a: {"s": [], "rss": [], "faults": []} for a in ALLOCATORS}
         for i in range(runs):
-            fresh_copies(round_order(i))
-            for a in round_order(i):
+            order = round_order(i)
+            fresh_copies(order)
+            for a in order:
                 env = dict(os.environ)
                 env.pop("LD_PRELOAD", None)
                 out = sh([os.path.join(BIN, "benchmarks", "workloads", "spawn_rss"), preload(a) or ""]
